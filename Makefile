@@ -1,0 +1,48 @@
+# Two commands do all set-up on a fresh machine:  make run  (the default benchmark)  and  make test.
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+# The CPU wheel on this machine. On a GPU machine keep your CUDA build: make TORCH="torch" ...
+TORCH ?= torch==2.13.0
+
+.PHONY: help install run test bench report lint format train-toy clean
+
+help:
+	@echo "make run       - default benchmark: toy model, SJD vs AR (installs what it needs)"
+	@echo "make test      - the test suite (installs what it needs)"
+	@echo "make bench     - SJD vs AR on 32 toy prompts, window 16 (the README numbers)"
+	@echo "make report    - the toy model's per-token entropy and caption accuracy"
+	@echo "make train-toy - retrain the shipped toy checkpoint from its seed (~30 min, 2 cores)"
+	@echo "make lint      - ruff"
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(PY) run.py
+
+test: install
+	$(PY) -m pytest
+
+bench: install
+	$(PY) run.py prompts.n=32 decoder.window=16 experiment_name=bench_toy_sjd
+
+report: install
+	$(PY) scripts/toy_report.py
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
+
+train-toy: install
+	$(PY) scripts/train_toy.py
+
+clean:
+	rm -rf outputs multirun .pytest_cache .ruff_cache

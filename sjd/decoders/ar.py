@@ -1,0 +1,53 @@
+"""Plain autoregressive decoding: the reference distribution every other decoder must match.
+
+One forward per token (the prefill predicts the first), with CFG rows batched in the same
+forward and the shared logits pipeline, exactly as the speculative decoders use them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from sjd.decoders.base import Decoder, DecodeResult, ForwardClock, device_sync
+from sjd.models.base import ModelAdapter, Prompt
+from sjd.sampling import SamplingConfig, logits_to_probs, sample_rows
+
+
+class ARDecoder(Decoder):
+    def __init__(self, name: str = "ar") -> None:
+        self.name = name
+
+    def generate(
+        self,
+        adapter: ModelAdapter,
+        prompts: Sequence[Prompt],
+        sampling: SamplingConfig,
+        generators: Sequence[torch.Generator],
+    ) -> DecodeResult:
+        layout, device, B = adapter.layout, adapter.device, len(prompts)
+        clock = ForwardClock(adapter)
+        tokens = torch.empty(B, layout.n_tokens, dtype=torch.long, device=device)
+
+        t0 = time.perf_counter()
+        logits = clock.prefill(prompts, sampling.uses_uncond)
+        t_prefill = time.perf_counter() - t0
+        for pos in range(layout.n_tokens):
+            positions = torch.full((B, 1), pos, device=device)
+            probs = logits_to_probs(logits, positions, layout, sampling)  # [B, 1, V]
+            tokens[:, pos] = sample_rows(probs[:, 0], generators)
+            if pos + 1 < layout.n_tokens:  # the last token needs no forward of its own
+                logits = clock.forward(tokens[:, pos : pos + 1], [pos] * B)
+        device_sync(device)
+        total = time.perf_counter() - t0
+
+        return DecodeResult(
+            tokens=tokens.cpu(),
+            n_forward=[clock.calls] * B,
+            accepted=[[1] * layout.n_tokens for _ in range(B)],
+            prefill_s=t_prefill,
+            decode_s=total - t_prefill,
+            model_s=clock.model_s,
+        )

@@ -1,0 +1,101 @@
+"""What every decoder shares: the result record, capability checks and forward accounting.
+
+A decoder is built from its config (`conf/decoder/*.yaml`) and runs
+`generate(adapter, prompts, sampling, generators) -> DecodeResult`. It owns its loop and
+talks to the model only through the adapter protocol (sjd.models.base).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from sjd.models.base import WINDOW, Logits, ModelAdapter, Prompt
+from sjd.sampling import SamplingConfig
+
+
+@dataclass
+class DecodeResult:
+    tokens: torch.Tensor  # [B, n_tokens] generated ids (CPU)
+    n_forward: list[int]  # forwards until each row was complete (prefill counted)
+    accepted: list[list[int]]  # per row: tokens committed by each of its forwards
+    prefill_s: float = 0.0
+    decode_s: float = 0.0  # the decode loop after prefill
+    model_s: float = 0.0  # time inside model forwards (prefill included)
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def latency_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+
+def device_sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class ForwardClock:
+    """Counts and times the model calls of one generate(), so decoder bookkeeping is visible.
+
+    On a GPU each call is synchronised (decoders sync once per forward anyway to read the
+    number of accepted tokens), so the split between model and bookkeeping time is honest."""
+
+    def __init__(self, adapter: ModelAdapter) -> None:
+        self.adapter = adapter
+        self.model_s = 0.0
+        self.calls = 0
+
+    def _timed(self, fn, *args) -> Logits:
+        device_sync(self.adapter.device)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        device_sync(self.adapter.device)
+        self.model_s += time.perf_counter() - t0
+        self.calls += 1
+        return out
+
+    def prefill(self, prompts: Sequence[Prompt], with_uncond: bool) -> Logits:
+        return self._timed(self.adapter.prefill, prompts, with_uncond)
+
+    def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:
+        return self._timed(self.adapter.forward, tokens, start)
+
+
+class Decoder(ABC):
+    name: str = "decoder"
+    requires: frozenset[str] = frozenset()
+    lossless: bool = True  # whether its samples are distributed exactly as AR's
+
+    def check(self, adapter: ModelAdapter) -> None:
+        """Fail at start-up, naming decoder, model and capability, if the model lacks one."""
+        missing = sorted(self.requires - adapter.capabilities)
+        if missing:
+            raise ValueError(
+                f"decoder {self.name!r} needs model capabilities {missing}, which model "
+                f"{adapter.name!r} does not provide (it has {sorted(adapter.capabilities)})"
+            )
+
+    def config(self) -> dict:
+        """The decoder's settings, recorded in every results row."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+    @abstractmethod
+    def generate(
+        self,
+        adapter: ModelAdapter,
+        prompts: Sequence[Prompt],
+        sampling: SamplingConfig,
+        generators: Sequence[torch.Generator],
+    ) -> DecodeResult: ...
+
+
+def positions_grid(start: Sequence[int], width: int, device: torch.device) -> torch.Tensor:
+    """[B, W] generated positions start[b] + i."""
+    return torch.as_tensor(list(start), device=device)[:, None] + torch.arange(width, device=device)
+
+
+WINDOW_CAPABILITY = frozenset({WINDOW})

@@ -1,0 +1,200 @@
+"""Speculative Jacobi Decoding (Teng et al., ICLR 2025; algorithms.md §4).
+
+Each iteration forwards a window [last committed token, d_1 .. d_{L-1}] against the cache,
+verifies the drafts left to right with the speculative rule (sjd.verify), commits the accepted
+prefix plus one residual (or bonus) token, and keeps the model's own samples at the positions
+after the commit as the next drafts, with the distribution they were drawn from as their q
+(the Jacobi update). Fresh slots at the end of the window get drafts from sjd.drafts.
+
+Choices where the paper leaves room (all config, see conf/decoder/sjd.yaml):
+- `window` counts forward inputs, so at most `window` tokens are committed per forward;
+  near the end of the image it shrinks to the tokens left.
+- `ar_prefix` / `ar_suffix`: generated positions below `ar_prefix`, or in the last
+  `ar_suffix`, are decoded one token per forward, as the official code's jacobi_loop_interval.
+- Drafts at grammar-forced positions are the forced token (one-hot q): lossless, and it avoids
+  the certain rejection a random draft meets there.
+- Batch > 1: every row commits its own accepted count and keeps its own cache length (the
+  adapter's ragged cache), so each sample follows exactly the trajectory it would follow
+  alone. There is no `min over the batch` commit, hence no bias (algorithms.md §10.5).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sjd.decoders.base import WINDOW_CAPABILITY, Decoder, DecodeResult, ForwardClock, device_sync
+from sjd.drafts import SCHEMES, fresh_drafts, one_hot
+from sjd.models.base import ImageLayout, ModelAdapter, Prompt
+from sjd.sampling import SamplingConfig, logits_to_probs, sample_from, sample_rows
+from sjd.verify import VerifyResult
+from sjd.verify import verify as speculative_verify
+
+
+class SJDDecoder(Decoder):
+    requires = WINDOW_CAPABILITY
+
+    def __init__(
+        self, name: str = "sjd", window: int = 16, init: str = "random", ar_prefix: int = 1, ar_suffix: int = 0
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"decoder.window must be >= 1, got {window}")
+        if init not in SCHEMES:
+            raise ValueError(f"decoder.init must be one of {SCHEMES}, got {init!r}")
+        if ar_prefix < 1 or ar_suffix < 0:
+            raise ValueError(f"decoder.ar_prefix must be >= 1 and decoder.ar_suffix >= 0, got {ar_prefix}, {ar_suffix}")
+        self.name, self.window, self.init = name, window, init
+        self.ar_prefix, self.ar_suffix = ar_prefix, ar_suffix
+
+    def window_for(self, committed: int, n_tokens: int) -> int:
+        """Forward inputs for a row with `committed` tokens (0 when it is complete)."""
+        remaining = n_tokens - committed
+        if remaining <= 0:
+            return 0
+        if committed < self.ar_prefix or committed >= n_tokens - self.ar_suffix:
+            return 1
+        return min(self.window, remaining)
+
+    def check(self, adapter: ModelAdapter) -> None:
+        super().check(adapter)
+        if self.window > adapter.layout.n_tokens:
+            raise ValueError(
+                f"decoder.window={self.window} is larger than the {adapter.layout.n_tokens} tokens "
+                f"of a {adapter.name} image"
+            )
+
+    def generate(
+        self,
+        adapter: ModelAdapter,
+        prompts: Sequence[Prompt],
+        sampling: SamplingConfig,
+        generators: Sequence[torch.Generator],
+    ) -> DecodeResult:
+        layout, device, B = adapter.layout, adapter.device, len(prompts)
+        clock = ForwardClock(adapter)
+        state = WindowState.empty(B, layout.n_tokens, layout.vocab_size, device)
+
+        # -- prefill: the first token is sampled as in AR ------------------------------------------
+        t0 = time.perf_counter()
+        logits = clock.prefill(prompts, sampling.uses_uncond)
+        first = logits_to_probs(logits, torch.zeros(B, 1, dtype=torch.long, device=device), layout, sampling)
+        state.tokens[:, 0] = sample_rows(first[:, 0], generators)
+        t_prefill = time.perf_counter() - t0
+
+        while True:
+            widths = [self.window_for(n, layout.n_tokens) for n in state.committed]
+            if max(widths) == 0:
+                break
+            inputs, drafts, q = self.draft(state, widths, layout, generators)
+            # Output i of row b predicts position committed[b] + i.
+            logits = clock.forward(inputs, [n - 1 for n in state.committed])
+            positions = torch.as_tensor(state.committed, device=device)[:, None] + torch.arange(
+                inputs.shape[1], device=device
+            )
+            p = logits_to_probs(logits, positions, layout, sampling)
+            result, samples = self.verify(p, drafts, q, widths, generators)
+            state.commit(result, drafts, samples, p, widths)
+
+        device_sync(device)
+        total = time.perf_counter() - t0
+        return DecodeResult(
+            tokens=state.tokens.cpu(),
+            n_forward=state.n_forward,
+            accepted=state.accepted,
+            prefill_s=t_prefill,
+            decode_s=total - t_prefill,
+            model_s=clock.model_s,
+        )
+
+    # -- phases --------------------------------------------------------------------------------------
+    def draft(
+        self, state: WindowState, widths: list[int], layout: ImageLayout, generators: Sequence[torch.Generator]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Window inputs [B, W] = [last committed, drafts...], drafts [B, W-1] and their q."""
+        B, W, V, device = len(widths), max(widths), layout.vocab_size, state.tokens.device
+        drafts = torch.zeros(B, W - 1, dtype=torch.long, device=device)
+        q = torch.zeros(B, W - 1, V, device=device)
+        inputs = torch.zeros(B, W, dtype=torch.long, device=device)
+        for b in range(B):
+            n, need = state.committed[b], max(widths[b] - 1, 0)
+            d, dq = state.carried[b][:need], state.carried_q[b][:need]
+            if len(d) < need:  # top up the carried drafts with fresh ones
+                known = torch.cat([state.tokens[b, :n], d])
+                new = fresh_drafts(self.init, known, n + len(d), need - len(d), layout, generators[b])
+                d, dq = torch.cat([d, new]), torch.cat([dq, one_hot(new, V)])
+            drafts[b, :need], q[b, :need] = d, dq
+            inputs[b, 0] = state.tokens[b, min(n, layout.n_tokens) - 1]
+            inputs[b, 1 : 1 + need] = d
+        return inputs, drafts, q
+
+    def verify(
+        self,
+        p: torch.Tensor,
+        drafts: torch.Tensor,
+        q: torch.Tensor,
+        widths: list[int],
+        generators: Sequence[torch.Generator],
+    ) -> tuple[VerifyResult, torch.Tensor]:
+        """Speculative rule (sjd.verify), plus one fresh sample per slot: the next drafts."""
+        n_drafts = torch.tensor([max(w - 1, 0) for w in widths], device=p.device)
+        u_accept, u_jacobi = draw_uniforms(generators, widths, p.shape[1], p.device)
+        u_final = u_accept.gather(1, n_drafts[:, None]).squeeze(1)  # each row's own last uniform
+        result = speculative_verify(p, drafts, q, n_drafts, u_accept[:, :-1], u_final)
+        return result, sample_from(p, u_jacobi)
+
+
+@dataclass
+class WindowState:
+    """Per row: the output buffer, how much is committed, and the drafts carried past it."""
+
+    tokens: torch.Tensor  # [B, N]
+    committed: list[int]
+    carried: list[torch.Tensor]  # drafts for positions committed[b], committed[b] + 1, ...
+    carried_q: list[torch.Tensor]  # ... and the distributions they were drawn from
+    accepted: list[list[int]]
+    n_forward: list[int]
+
+    @classmethod
+    def empty(cls, B: int, N: int, V: int, device: torch.device) -> WindowState:
+        return cls(
+            tokens=torch.empty(B, N, dtype=torch.long, device=device),
+            committed=[1] * B,
+            carried=[torch.empty(0, dtype=torch.long, device=device)] * B,
+            carried_q=[torch.empty(0, V, device=device)] * B,
+            accepted=[[1] for _ in range(B)],
+            n_forward=[1] * B,
+        )
+
+    def commit(
+        self, result: VerifyResult, drafts: torch.Tensor, samples: torch.Tensor, p: torch.Tensor, widths: list[int]
+    ) -> None:
+        """Accepted drafts + the next token; the model's later samples carry over (one host sync)."""
+        for b, n_acc in enumerate(result.n_accepted.tolist()):
+            if widths[b] == 0:
+                continue
+            n = self.committed[b]
+            self.tokens[b, n : n + n_acc] = drafts[b, :n_acc]
+            self.tokens[b, n + n_acc] = result.next_token[b]
+            take = n_acc + 1
+            self.committed[b] = n + take
+            self.carried[b], self.carried_q[b] = samples[b, take : widths[b]], p[b, take : widths[b]]
+            self.accepted[b].append(take)
+            self.n_forward[b] += 1
+
+
+def draw_uniforms(
+    generators: Sequence[torch.Generator], widths: list[int], W: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, `widths[b]` uniforms for acceptance (+ the residual/bonus draw) and as many for
+    the Jacobi samples, padded to W. Each row draws only what its own window needs, so its
+    random stream, and hence its tokens, do not depend on the other rows of the batch."""
+    u_accept = torch.zeros(len(widths), W, device=device)
+    u_jacobi = torch.zeros(len(widths), W, device=device)
+    for b, (g, w) in enumerate(zip(generators, widths)):
+        if w:
+            u_accept[b, :w] = torch.rand(w, generator=g, device=device)
+            u_jacobi[b, :w] = torch.rand(w, generator=g, device=device)
+    return u_accept, u_jacobi

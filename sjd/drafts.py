@@ -1,0 +1,70 @@
+"""Fresh draft tokens for speculative Jacobi windows, with their (one-hot) draft distributions.
+
+A fresh draft is a deterministic function of the generator and of tokens already known, so
+its draft distribution is a point mass q = onehot(x): verification then accepts it with
+probability p(x), and on rejection resamples from p without x (algorithms.md §10.2).
+
+Schemes (SJD paper, §4.2 of algorithms.md):
+- random:     a uniformly random id from the model's free image tokens;
+- horizontal: repeat the token to the left in the same row;
+- vertical:   repeat the token above (the paper's best; absent from the official code).
+A spatial scheme with no neighbour to copy (first column / first row) falls back to the other
+spatial neighbour, then to random. Positions the grammar forces (begin/end of image, size
+tokens, end-of-line) always get the forced token: p is one-hot there, so it is accepted with
+probability 1 instead of being rejected with certainty.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sjd.models.base import ImageLayout
+
+SCHEMES = ("random", "horizontal", "vertical")
+
+
+def fresh_drafts(
+    scheme: str,
+    known: torch.Tensor,
+    start: int,
+    count: int,
+    layout: ImageLayout,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Draft ids for positions start .. start+count-1 of one row.
+
+    `known` [>= start] holds the row's current tokens (committed, then carried drafts) for
+    every position before `start`; it is read for spatial neighbours."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"decoder.init must be one of {SCHEMES}, got {scheme!r}")
+    device = known.device
+    free_ids = layout.free_token_ids.to(device)
+    random_ids = free_ids[torch.randint(len(free_ids), (count,), generator=generator, device=device)]
+    if scheme == "random" or count == 0:
+        out = random_ids
+    else:
+        seq = torch.cat([known[:start], torch.empty(count, dtype=torch.long, device=device)])
+        for i in range(count):  # sequential: a draft may copy the draft just before it
+            pos = start + i
+            seq[pos] = _spatial(scheme, seq, pos, layout, random_ids[i])
+        out = seq[start:]
+    forced = layout.forced.to(device)[start : start + count]
+    return torch.where(forced >= 0, forced, out)
+
+
+def _spatial(scheme: str, seq: torch.Tensor, pos: int, layout: ImageLayout, fallback: torch.Tensor) -> torch.Tensor:
+    rel = pos - layout.first_code
+    row, col = divmod(rel, layout.row_stride)
+    if rel < 0 or col >= layout.width:
+        return fallback  # not an image code slot; the forced token overrides it anyway
+    left = pos - 1 if col > 0 else None
+    above = pos - layout.row_stride if row > 0 else None
+    order = (left, above) if scheme == "horizontal" else (above, left)
+    for neighbour in order:
+        if neighbour is not None:
+            return seq[neighbour]
+    return fallback
+
+
+def one_hot(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(tokens, vocab_size).float()

@@ -1,0 +1,102 @@
+"""What a decoder may ask of a model: the adapter protocol.
+
+A decoder sees a model only through `ModelAdapter`. The adapter owns the tokenizer, the
+classifier-free-guidance rows, the KV cache and the image grammar; it never samples. The
+decoder owns the loop and never touches model internals. Positions are *generated*
+positions: 0 is the first token the decoder produces (e.g. begin-of-image), and
+`layout.n_tokens - 1` the last (end-of-image).
+
+Cache contract, per batch row `b` (rows may be at different lengths: a ragged batch):
+- after `prefill`, row b holds the prompt and no generated position;
+- `forward(tokens, start)` first drops every generated position >= start[b] of row b, then
+  writes `tokens[b, i]` at position `start[b] + i` and returns, for every i, the logits that
+  predict position `start[b] + i + 1` given everything the row holds up to and including i;
+- `truncate(lengths)` drops every generated position >= lengths[b] of row b.
+So a decoder that rejects drafts simply forwards again from the last committed position.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# Capabilities a decoder can require of a model (see Decoder.requires).
+WINDOW = "window"  # forward of several tokens against the cache, ragged rows
+CUSTOM_MASK = "custom_mask"  # an extra [B, W, W] attention mask inside the window (PJD)
+EMBEDS = "embeds"  # forward from input embeddings instead of ids (SJD2)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    prompt_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """Where every generated token goes, and which tokens the grammar allows there.
+
+    `forced[pos]` is the token id the grammar forces at generated position `pos` (begin- and
+    end-of-image, size tokens, end-of-line), or -1 where an image code is free to choose.
+    `free_tokens` is the vocabulary mask of the ids allowed at free positions.
+    """
+
+    n_tokens: int
+    height: int  # rows of image codes
+    width: int  # codes per row
+    row_stride: int  # tokens per row in the stream: width, plus 1 with an end-of-line token
+    first_code: int  # generated position of the first image code
+    forced: torch.Tensor  # [n_tokens] long
+    free_tokens: torch.Tensor  # [vocab] bool
+    vocab_size: int
+
+    def code_position(self, row: int, col: int) -> int:
+        return self.first_code + row * self.row_stride + col
+
+    @property
+    def free_token_ids(self) -> torch.Tensor:
+        return self.free_tokens.nonzero().flatten()
+
+
+@dataclass
+class Logits:
+    """Raw logits for a window: conditional rows and, with CFG, the unconditional rows."""
+
+    cond: torch.Tensor  # [B, W, V]
+    uncond: torch.Tensor | None  # [B, W, V] or None when CFG is off
+
+
+class ModelAdapter(ABC):
+    """A text-to-image AR model as the decoders see it."""
+
+    name: str
+    capabilities: frozenset[str] = frozenset({WINDOW})
+    layout: ImageLayout
+    device: torch.device
+
+    @abstractmethod
+    def prefill(self, prompts: Sequence[Prompt], with_uncond: bool) -> Logits:
+        """Reset the cache, run the prompts (and their unconditional rows when `with_uncond`),
+        and return logits [B, 1, V] predicting generated position 0."""
+
+    @abstractmethod
+    def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:
+        """Write `tokens` [B, W] at generated positions start[b] + i (see the module docstring)."""
+
+    @abstractmethod
+    def truncate(self, lengths: Sequence[int]) -> None:
+        """Keep generated positions < lengths[b] of row b; drop the rest."""
+
+    @abstractmethod
+    def decode_images(self, tokens: torch.Tensor) -> np.ndarray:
+        """[B, n_tokens] generated ids -> [B, H, W, 3] uint8 images."""
+
+    def check_prompts(self, prompts: Sequence[Prompt]) -> None:
+        """Raise ValueError naming the prompt id of any prompt the model cannot take."""
+        for p in prompts:
+            if not p.text.strip():
+                raise ValueError(f"prompt {p.prompt_id!r} is empty")

@@ -1,0 +1,77 @@
+"""A transformers `DynamicCache` whose batch rows may hold different generated lengths.
+
+Speculative decoders commit a different number of tokens per sample. To keep every sample's
+trajectory exactly what it would be alone (and so independent of batch composition), each row
+keeps its own length. The cache tensor stays rectangular: a forward appends W slots to every
+row, and slots a row has dropped become holes that its attention mask hides. Trailing slots
+that no row uses are cropped for real. With one row, or rows in step, there are never holes
+and the forward runs with transformers' own causal mask (the fast path).
+
+Bookkeeping lives on the host: each slot's absolute position per row, -1 for a hole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+
+
+class RaggedCache:
+    def __init__(self, config, prompt_lengths: Sequence[int], uncond_copies: int) -> None:
+        """`prompt_lengths` per cache row (cond rows then uncond rows); positions of generated
+        token g in row r are prompt_lengths[r] + g. `uncond_copies` is 1 with CFG rows, else 0:
+        generated positions of batch row b apply to cache rows b and b + B."""
+        self.cache = DynamicCache(config=config)
+        self.prompt_len = torch.tensor(list(prompt_lengths), dtype=torch.long)
+        self.rows = len(prompt_lengths)
+        self.batch = self.rows // (1 + uncond_copies)
+        width = int(self.prompt_len.max())
+        # Prompts are left-padded to the longest one: pad slots are holes.
+        self.slot_pos = torch.arange(width).expand(self.rows, width) - (width - self.prompt_len[:, None])
+        self.slot_pos = self.slot_pos.clone()
+        self.slot_pos[self.slot_pos < 0] = -1
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def _expand(self, per_batch_row: Sequence[int]) -> torch.Tensor:
+        v = torch.as_tensor(list(per_batch_row), dtype=torch.long)
+        return v.repeat(self.rows // self.batch)
+
+    def truncate(self, lengths: Sequence[int]) -> None:
+        keep_below = self.prompt_len + self._expand(lengths)
+        self.slot_pos[self.slot_pos >= keep_below[:, None]] = -1
+        used = (self.slot_pos >= 0).any(0)
+        trailing = int((~used).flip(0).long().cumprod(0).sum())  # unused columns at the end
+        if trailing:
+            self.cache.crop(-trailing)  # crop(-k) drops k slots; crop(0) is not portable
+            self.slot_pos = self.slot_pos[:, :-trailing]
+
+    def prepare(self, start: Sequence[int], width: int, device: torch.device) -> dict:
+        """Truncate to `start`, register `width` new slots, and return the model kwargs
+        (`position_ids`, `attention_mask`) for the window; both None on the fast path."""
+        self.truncate(start)
+        query_pos = self.prompt_len[:, None] + self._expand(start)[:, None] + torch.arange(width)
+        n_slots = self.slot_pos.shape[1]
+        in_step = bool((self.slot_pos >= 0).all()) and bool((query_pos[:, 0] == n_slots).all())
+        self.slot_pos = torch.cat([self.slot_pos, query_pos], dim=1)
+        if in_step:
+            return {"position_ids": None, "attention_mask": None}
+        valid = self.slot_pos >= 0
+        mask = valid[:, None, :] & (self.slot_pos[:, None, :] <= query_pos[:, :, None])
+        return {
+            "position_ids": query_pos.to(device),
+            "attention_mask": mask[:, None].to(device),  # [rows, 1, W, slots], True = attend
+        }
+
+    def prefill_kwargs(self, device: torch.device) -> dict:
+        """Model kwargs for the prompt forward (left padding needs a mask and positions)."""
+        if bool((self.slot_pos >= 0).all()):
+            return {"position_ids": None, "attention_mask": None}
+        valid = self.slot_pos >= 0
+        pos = self.slot_pos.clamp(min=0)
+        causal = pos[:, None, :] <= pos[:, :, None]
+        mask = valid[:, None, :] & causal
+        # A pad query attends to nothing valid; let it see itself so softmax stays finite.
+        mask |= torch.eye(mask.shape[-1], dtype=torch.bool)[None]
+        return {"position_ids": pos.to(device), "attention_mask": mask[:, None].to(device)}

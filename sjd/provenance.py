@@ -1,0 +1,66 @@
+"""Seeds and provenance recorded with every result: git hash, library versions, prompt hash."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import platform
+import resource
+import subprocess
+import sys
+
+import torch
+
+from sjd.prompts import PROJECT_ROOT
+
+LIBRARIES = ("torch", "transformers", "hydra-core", "omegaconf", "numpy", "pandas", "safetensors")
+
+
+def prompt_seed(seed: int, prompt_id: str) -> int:
+    """A prompt's generator seed depends only on (run seed, prompt id): never on batch or order."""
+    digest = hashlib.sha256(f"{seed}:{prompt_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def make_generators(seed: int, prompt_ids: list[str], device: torch.device) -> list[torch.Generator]:
+    return [torch.Generator(device=device).manual_seed(prompt_seed(seed, pid)) for pid in prompt_ids]
+
+
+def git_hash() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        return out + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def versions() -> dict[str, str]:
+    found = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for lib in LIBRARIES:
+        try:
+            found[lib] = importlib.metadata.version(lib)
+        except importlib.metadata.PackageNotFoundError:
+            found[lib] = "absent"
+    return found
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(device: torch.device) -> tuple[float, str]:
+    """GPU: peak allocated since the last reset. CPU: the process's peak resident set (it
+    cannot be split between decoders of one process, so every decoder reports the same)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process_rss"

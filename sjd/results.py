@@ -1,0 +1,136 @@
+"""Run outputs: samples.jsonl (incremental), images, grid.png, summary.csv/json, results row.
+
+samples.jsonl is the source of truth: one line per prompt per decoder, appended and flushed
+as soon as the prompt is done, so an interrupted run keeps what it finished. The summary is
+computed from those lines at the end with pandas.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from PIL import Image, ImageDraw
+
+SUMMARY_COLUMNS = [
+    "model",
+    "decoder",
+    "n_prompts",
+    "n_tokens",
+    "n_forward",
+    "step_compression",
+    "latency_s",
+    "latency_speedup",
+    "prefill_s",
+    "decode_s",
+    "outside_model_frac",
+    "mean_accepted",
+    "accept_hist",
+    "peak_mem_mb",
+    "peak_mem_kind",
+]
+
+
+class SampleWriter:
+    """Appends one JSON line per finished sample; each line is written whole and flushed."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "samples.jsonl"
+        self.images = run_dir / "images"
+        self.images.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: dict) -> None:
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def save_image(self, decoder: str, prompt_id: str, pixels: np.ndarray) -> Path:
+        out = self.images / decoder / f"{prompt_id}.png"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp.png")
+        Image.fromarray(pixels).save(tmp)
+        tmp.replace(out)  # atomic: a killed run never leaves half an image
+        return out
+
+
+def read_samples(run_dir: Path) -> pd.DataFrame:
+    return pd.read_json(run_dir / "samples.jsonl", lines=True, dtype={"prompt_id": str})
+
+
+def accept_histogram(accepted_lists) -> dict[int, int]:
+    counts = Counter(a for acc in accepted_lists for a in acc)
+    return {int(k): int(v) for k, v in sorted(counts.items())}
+
+
+def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.DataFrame:
+    """One row per decoder. Step compression is a ratio of sums (tokens / forwards); the
+    latency speedup is the baseline's mean latency over this decoder's, on the same prompts."""
+    rows = []
+    for decoder, df in samples.groupby("decoder", sort=False):
+        hist = accept_histogram(df["accepted"])
+        n_iter = sum(hist.values())
+        rows.append(
+            {
+                "model": meta["model"],
+                "decoder": decoder,
+                "n_prompts": len(df),
+                "n_tokens": float(df["n_tokens"].mean()),
+                "n_forward": float(df["n_forward"].mean()),
+                "step_compression": float(df["n_tokens"].sum() / df["n_forward"].sum()),
+                "latency_s": float(df["latency_s"].mean()),
+                "prefill_s": float(df["prefill_s"].mean()),
+                "decode_s": float(df["decode_s"].mean()),
+                "outside_model_frac": float(1 - df["model_s"].sum() / df["latency_s"].sum()),
+                "mean_accepted": float(sum(k * v for k, v in hist.items()) / max(n_iter, 1)),
+                "accept_hist": json.dumps(hist),
+                "peak_mem_mb": float(df["peak_mem_mb"].max()),
+                "peak_mem_kind": df["peak_mem_kind"].iloc[0],
+            }
+        )
+    summary = pd.DataFrame(rows)
+    if baseline is not None and baseline in set(summary["decoder"]):
+        base_latency = summary.loc[summary["decoder"] == baseline, "latency_s"].iloc[0]
+        summary["latency_speedup"] = base_latency / summary["latency_s"]
+    else:
+        summary["latency_speedup"] = float("nan")
+    summary = summary[SUMMARY_COLUMNS]
+    for key, value in meta.items():
+        if key not in summary.columns:
+            summary[key] = value if not isinstance(value, dict | list) else json.dumps(value, sort_keys=True)
+    return summary
+
+
+def write_summary(summary: pd.DataFrame, run_dir: Path) -> None:
+    summary.to_csv(run_dir / "summary.csv", index=False)
+    (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(orient="records"), indent=2))
+
+
+def append_results_row(summary: pd.DataFrame, results_csv: Path, run_dir: Path) -> None:
+    """Append this run's rows to the tracked results table (columns are unioned)."""
+    rows = summary.assign(run_dir=str(run_dir))
+    if results_csv.is_file():
+        rows = pd.concat([pd.read_csv(results_csv), rows], ignore_index=True)
+    results_csv.parent.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(results_csv, index=False)
+
+
+def make_grid(run_dir: Path, decoders: list[str], prompt_ids: list[str], scale: int = 2) -> Path:
+    """grid.png: one row per decoder, one column per prompt (the same prompts in every row)."""
+    tiles = [[Image.open(run_dir / "images" / d / f"{p}.png").convert("RGB") for p in prompt_ids] for d in decoders]
+    w, h = tiles[0][0].width * scale, tiles[0][0].height * scale
+    label_w, pad = 64, 4
+    grid = Image.new("RGB", (label_w + len(prompt_ids) * (w + pad), len(decoders) * (h + pad)), "white")
+    draw = ImageDraw.Draw(grid)
+    for r, (decoder, row) in enumerate(zip(decoders, tiles)):
+        draw.text((4, r * (h + pad) + h // 2 - 6), decoder, fill="black")
+        for c, tile in enumerate(row):
+            grid.paste(tile.resize((w, h), Image.NEAREST), (label_w + c * (w + pad), r * (h + pad)))
+    out = run_dir / "grid.png"
+    grid.save(out)
+    return out

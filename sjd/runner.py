@@ -1,0 +1,149 @@
+"""One benchmark run: decoders x prompts on one model, timed side by side, written to disk.
+
+Order of work, so that bad input fails before anything expensive and nothing finished is lost:
+1. validate the config (sampling settings, decoder settings) - no model loaded yet;
+2. load and select prompts (errors name file and line);
+3. build the model adapter (a missing checkpoint names its path and config key);
+4. check every prompt against the model (errors name the prompt id) and every decoder's
+   required capabilities;
+5. warm up each decoder on the first batch (not recorded);
+6. per batch of prompts, run every decoder, alternating their order from batch to batch so
+   neither always runs first, append each sample to samples.jsonl and save its image;
+7. summarise from samples.jsonl, write summary.csv/json and grid.png, append to results/.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from sjd.decoders.base import Decoder
+from sjd.models.base import ModelAdapter, Prompt
+from sjd.prompts import load_prompt_set, resolve_path
+from sjd.provenance import git_hash, make_generators, peak_memory_mb, prompt_seed, reset_peak_memory, versions
+from sjd.results import SampleWriter, append_results_row, make_grid, read_samples, summarize, write_summary
+from sjd.sampling import SamplingConfig
+
+log = logging.getLogger(__name__)
+TABLE_COLUMNS = ["decoder", "n_forward", "step_compression", "latency_s", "latency_speedup", "outside_model_frac"]
+
+
+def pick_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def build_decoders(cfg: DictConfig) -> tuple[list[Decoder], str | None]:
+    """[baseline, decoder] (baseline omitted when null or the same decoder), baseline name."""
+    decoders = []
+    baseline = cfg.get("baseline")
+    if baseline is not None and baseline.name != cfg.decoder.name:
+        decoders.append(instantiate(baseline))
+    decoders.append(instantiate(cfg.decoder))
+    for extra in cfg.get("extra_decoders") or []:
+        decoders.append(instantiate(extra))
+    names = [d.name for d in decoders]
+    if len(set(names)) != len(names):
+        raise ValueError(f"decoder names must be unique within a run, got {names}")
+    return decoders, (baseline.name if baseline is not None else None)
+
+
+def batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
+    return [prompts[i : i + size] for i in range(0, len(prompts), size)]
+
+
+def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
+    sampling = SamplingConfig(**OmegaConf.to_container(cfg.model.sampling))
+    decoders, baseline = build_decoders(cfg)
+    prompt_set = load_prompt_set(cfg.prompts.name, cfg.prompts.path, cfg.prompts.n, cfg.prompts.get("subset_seed"))
+
+    device = pick_device(cfg.device)
+    adapter: ModelAdapter = instantiate(cfg.model.adapter, device=device)
+    adapter.check_prompts(prompt_set.prompts)
+    for d in decoders:
+        d.check(adapter)
+
+    meta = {
+        "model": adapter.name,
+        "prompt_set": prompt_set.name,
+        "prompt_file_sha256": prompt_set.sha256,
+        "prompt_selection": prompt_set.selection,
+        "seed": cfg.seed,
+        "batch_size": cfg.batch_size,
+        "sampling": OmegaConf.to_container(cfg.model.sampling),
+        "decoder_configs": {d.name: d.config() for d in decoders},
+        "baseline": baseline,
+        "device": device,
+        "git_hash": git_hash(),
+        "versions": versions(),
+        "experiment": cfg.get("experiment_name"),
+    }
+    (run_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+
+    groups = batches(prompt_set.prompts, cfg.batch_size)
+    for d in decoders:  # warm-up: first use of kernels and allocator, not recorded
+        for group in groups[: max(0, cfg.warmup)]:
+            gens = make_generators(cfg.seed, [p.prompt_id for p in group], adapter.device)
+            d.generate(adapter, group, sampling, gens)
+
+    writer = SampleWriter(run_dir)
+    progress = tqdm(total=len(prompt_set.prompts) * len(decoders), desc="decoding", unit="image", disable=None)
+    for i, group in enumerate(groups):
+        order = decoders if i % 2 == 0 else decoders[::-1]
+        for d in order:
+            ids = [p.prompt_id for p in group]
+            reset_peak_memory(adapter.device)
+            result = d.generate(adapter, group, sampling, make_generators(cfg.seed, ids, adapter.device))
+            mem, mem_kind = peak_memory_mb(adapter.device)
+            images = adapter.decode_images(result.tokens) if cfg.save_images else None
+            for b, prompt in enumerate(group):
+                writer.write(
+                    {
+                        "prompt_id": prompt.prompt_id,
+                        "prompt": prompt.text,
+                        "seed": prompt_seed(cfg.seed, prompt.prompt_id),
+                        "decoder": d.name,
+                        "n_tokens": adapter.layout.n_tokens,
+                        "n_forward": result.n_forward[b],
+                        "latency_s": result.latency_s,
+                        "prefill_s": result.prefill_s,
+                        "decode_s": result.decode_s,
+                        "model_s": result.model_s,
+                        "batch_size": len(group),
+                        "peak_mem_mb": mem,
+                        "peak_mem_kind": mem_kind,
+                        "accepted": result.accepted[b],
+                        "tokens": result.tokens[b].tolist(),
+                    }
+                )
+                if images is not None:
+                    writer.save_image(d.name, prompt.prompt_id, images[b])
+            progress.update(len(group))
+    progress.close()
+
+    samples = read_samples(run_dir)
+    summary = summarize(samples, baseline, meta)
+    write_summary(summary, run_dir)
+    if cfg.save_images:
+        shown = [p.prompt_id for p in prompt_set.prompts[: cfg.grid_prompts]]
+        make_grid(run_dir, [d.name for d in decoders], shown)
+    if cfg.results_csv:
+        append_results_row(summary, resolve_path(cfg.results_csv), run_dir)
+    logger = instantiate(cfg.logger)
+    logger.log_run(run_dir, summary, samples, OmegaConf.to_container(cfg, resolve=True))
+
+    table = summary[TABLE_COLUMNS].to_string(index=False, float_format=lambda x: f"{x:.3f}")
+    print(f"\n{adapter.name} on {prompt_set.name} ({prompt_set.selection}), run dir {run_dir}\n{table}")
+    return summary

@@ -1,0 +1,38 @@
+"""Shared fixtures: the shipped toy adapter, a tiny random Llama, and Hydra composition."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from sjd.config import register_resolvers
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("WANDB_MODE", "offline")
+register_resolvers()
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def toy():
+    from sjd.models.toy import ToyAdapter
+
+    return ToyAdapter()
+
+
+@pytest.fixture
+def compose_cfg():
+    """compose_cfg(overrides) -> the run config as run.py would see it."""
+
+    def _compose(overrides=()):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+            return compose("config", overrides=list(overrides))
+
+    yield _compose
+    GlobalHydra.instance().clear()
