@@ -56,11 +56,8 @@ def grammar_mask(positions: torch.Tensor, layout: ImageLayout) -> torch.Tensor:
 
     Positions past the image (padding slots of a window) get the free-token mask; decoders
     never use their outputs."""
-    pos = positions.clamp(0, layout.n_tokens - 1)
-    forced = layout.forced.to(positions.device)[pos]
-    free = layout.free_tokens.to(positions.device).expand(*pos.shape, -1)
-    one_hot = torch.nn.functional.one_hot(forced.clamp(min=0), layout.vocab_size).bool()
-    return torch.where((forced >= 0)[..., None], one_hot, free)
+    table = layout.allowed_table(positions.device)
+    return table[positions.clamp(0, layout.n_tokens)]
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -84,21 +81,22 @@ def logits_to_probs(
     guided = guided.masked_fill(~grammar_mask(positions, layout), float("-inf"))
     if sampling.greedy:
         return torch.nn.functional.one_hot(guided.argmax(-1), guided.shape[-1]).float()
-    guided = guided / sampling.temperature
+    if sampling.temperature != 1.0:
+        guided = guided / sampling.temperature
     guided = filter_top_k_top_p(guided, sampling.top_k, sampling.top_p)
     return guided.softmax(-1)
 
 
 # -- randomness: one generator per prompt, so a prompt's draws never depend on its batch --------
 def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling: probs [..., V], uniforms [...] -> ids [...].
+    """Inverse-CDF sampling: probs [..., V], uniforms [...] in [0, 1) -> ids [...].
 
-    Zero-probability ids are never returned: the CDF is scaled by its total so rounding in
-    the last bin cannot fall through to a masked id."""
+    Zero-probability ids are never returned: the target is kept strictly below the CDF's
+    total, so rounding at the top cannot fall through to a masked id at the end."""
     cdf = probs.cumsum(-1)
-    target = (uniforms * cdf[..., -1]).unsqueeze(-1)
-    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    return idx.clamp_(max=probs.shape[-1] - 1)
+    total = cdf[..., -1:]
+    target = torch.minimum(uniforms.unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
 
 
 def sample_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:

@@ -68,10 +68,12 @@ def verify(
     n_accepted = accepted.long().cumprod(1).sum(1)
     rows = torch.arange(B, device=p.device)
     p_at = p[rows, n_accepted]  # [B, V]
-    q_padded = torch.cat([q, q.new_zeros(B, 1, p.shape[-1])], dim=1)
     # At a rejection subtract the draft's q; at the bonus slot (n_accepted == n_drafts) nothing.
-    has_draft = (n_accepted < n_drafts)[:, None]
-    q_at = torch.where(has_draft, q_padded[rows, n_accepted], torch.zeros_like(p_at))
+    if D:
+        has_draft = (n_accepted < n_drafts).unsqueeze(1)
+        q_at = q[rows, n_accepted.clamp(max=D - 1)] * has_draft
+    else:
+        q_at = torch.zeros_like(p_at)
     next_token = sample_from(residual(p_at, q_at), sample_uniforms)
     return VerifyResult(n_accepted, next_token, accepted)
 

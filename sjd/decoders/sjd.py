@@ -191,10 +191,8 @@ def draw_uniforms(
     """Per row, `widths[b]` uniforms for acceptance (+ the residual/bonus draw) and as many for
     the Jacobi samples, padded to W. Each row draws only what its own window needs, so its
     random stream, and hence its tokens, do not depend on the other rows of the batch."""
-    u_accept = torch.zeros(len(widths), W, device=device)
-    u_jacobi = torch.zeros(len(widths), W, device=device)
+    u = torch.zeros(len(widths), 2, W, device=device)
     for b, (g, w) in enumerate(zip(generators, widths)):
         if w:
-            u_accept[b, :w] = torch.rand(w, generator=g, device=device)
-            u_jacobi[b, :w] = torch.rand(w, generator=g, device=device)
-    return u_accept, u_jacobi
+            u[b, :, :w] = torch.rand(2, w, generator=g, device=device)
+    return u[:, 0], u[:, 1]

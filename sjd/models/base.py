@@ -61,6 +61,17 @@ class ImageLayout:
     def free_token_ids(self) -> torch.Tensor:
         return self.free_tokens.nonzero().flatten()
 
+    def allowed_table(self, device: torch.device) -> torch.Tensor:
+        """[n_tokens + 1, V] bool: the allowed ids at each position (forced ones one-hot); the
+        last row, for positions past the image (window padding), allows the free ids."""
+        key = str(device)
+        cache = self.__dict__.setdefault("_allowed_tables", {})
+        if key not in cache:
+            one_hot = torch.nn.functional.one_hot(self.forced.clamp(min=0), self.vocab_size).bool()
+            rows = torch.where((self.forced >= 0)[:, None], one_hot, self.free_tokens[None])
+            cache[key] = torch.cat([rows, self.free_tokens[None]]).to(device)
+        return cache[key]
+
 
 @dataclass
 class Logits:

@@ -32,30 +32,42 @@ class RaggedCache:
         self.slot_pos = torch.arange(width).expand(self.rows, width) - (width - self.prompt_len[:, None])
         self.slot_pos = self.slot_pos.clone()
         self.slot_pos[self.slot_pos < 0] = -1
+        self.prompt_width = width
+        self.uniform_prompt = bool((self.prompt_len == width).all())
+        self.ragged = not self.uniform_prompt  # pad slots are holes
 
     # -- bookkeeping -------------------------------------------------------------------------
     def _expand(self, per_batch_row: Sequence[int]) -> torch.Tensor:
         v = torch.as_tensor(list(per_batch_row), dtype=torch.long)
         return v.repeat(self.rows // self.batch)
 
+    def _in_step(self, lengths: list[int]) -> bool:
+        """No holes, one prompt length, every row at the same length: slot index = position."""
+        return not self.ragged and self.uniform_prompt and len(set(lengths)) == 1
+
     def truncate(self, lengths: Sequence[int]) -> None:
-        keep_below = self.prompt_len + self._expand(lengths)
-        self.slot_pos[self.slot_pos >= keep_below[:, None]] = -1
-        used = (self.slot_pos >= 0).any(0)
-        trailing = int((~used).flip(0).long().cumprod(0).sum())  # unused columns at the end
-        if trailing:
-            self.cache.crop(-trailing)  # crop(-k) drops k slots; crop(0) is not portable
-            self.slot_pos = self.slot_pos[:, :-trailing]
+        lengths = list(lengths)
+        if self._in_step(lengths):
+            drop = self.slot_pos.shape[1] - (self.prompt_width + lengths[0])
+        else:
+            keep_below = self.prompt_len + self._expand(lengths)
+            self.slot_pos[self.slot_pos >= keep_below[:, None]] = -1
+            used = (self.slot_pos >= 0).any(0)
+            drop = int((~used).flip(0).long().cumprod(0).sum())  # unused columns at the end
+        if drop > 0:
+            self.cache.crop(-drop)  # crop(-k) drops k slots; crop(0) is not portable
+            self.slot_pos = self.slot_pos[:, :-drop]
+        self.ragged = not bool((self.slot_pos >= 0).all())
 
     def prepare(self, start: Sequence[int], width: int, device: torch.device) -> dict:
         """Truncate to `start`, register `width` new slots, and return the model kwargs
         (`position_ids`, `attention_mask`) for the window; both None on the fast path."""
+        start = list(start)
         self.truncate(start)
         query_pos = self.prompt_len[:, None] + self._expand(start)[:, None] + torch.arange(width)
-        n_slots = self.slot_pos.shape[1]
-        in_step = bool((self.slot_pos >= 0).all()) and bool((query_pos[:, 0] == n_slots).all())
+        fast = self._in_step(start) and self.slot_pos.shape[1] == self.prompt_width + start[0]
         self.slot_pos = torch.cat([self.slot_pos, query_pos], dim=1)
-        if in_step:
+        if fast:
             return {"position_ids": None, "attention_mask": None}
         valid = self.slot_pos >= 0
         mask = valid[:, None, :] & (self.slot_pos[:, None, :] <= query_pos[:, :, None])
@@ -63,15 +75,3 @@ class RaggedCache:
             "position_ids": query_pos.to(device),
             "attention_mask": mask[:, None].to(device),  # [rows, 1, W, slots], True = attend
         }
-
-    def prefill_kwargs(self, device: torch.device) -> dict:
-        """Model kwargs for the prompt forward (left padding needs a mask and positions)."""
-        if bool((self.slot_pos >= 0).all()):
-            return {"position_ids": None, "attention_mask": None}
-        valid = self.slot_pos >= 0
-        pos = self.slot_pos.clamp(min=0)
-        causal = pos[:, None, :] <= pos[:, :, None]
-        mask = valid[:, None, :] & causal
-        # A pad query attends to nothing valid; let it see itself so softmax stays finite.
-        mask |= torch.eye(mask.shape[-1], dtype=torch.bool)[None]
-        return {"position_ids": pos.to(device), "attention_mask": mask[:, None].to(device)}
