@@ -14,29 +14,24 @@ from pathlib import Path
 
 import hydra
 import numpy as np
-import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sjd.audit import enumerate_images, exact_test, marginal_test, outcome_index, sequence_probabilities  # noqa: E402
+from sjd.audit import (  # noqa: E402
+    draw_samples,
+    enumerate_images,
+    exact_test,
+    marginal_test,
+    outcome_index,
+    sequence_probabilities,
+)
 from sjd.config import register_resolvers  # noqa: E402
 from sjd.decoders.ar import ARDecoder  # noqa: E402
 from sjd.models.base import Prompt  # noqa: E402
-from sjd.provenance import make_generators  # noqa: E402
 from sjd.sampling import SamplingConfig  # noqa: E402
 
 register_resolvers()
-
-
-def draw(decoder, adapter, sampling, cfg, tag: str) -> torch.Tensor:
-    """n_samples sequences, each with its own generator seeded from (seed, tag + index)."""
-    out = []
-    for start in range(0, cfg.n_samples, cfg.batch_size):
-        ids = [f"{tag}{i}" for i in range(start, min(start + cfg.batch_size, cfg.n_samples))]
-        prompts = [Prompt(i, cfg.prompt) for i in ids]
-        out.append(decoder.generate(adapter, prompts, sampling, make_generators(cfg.seed, ids, adapter.device)).tokens)
-    return torch.cat(out)
 
 
 def audit(cfg: DictConfig) -> dict:
@@ -48,8 +43,8 @@ def audit(cfg: DictConfig) -> dict:
     adapter = instantiate(cfg.model.adapter, device=cfg.device)
     decoder.check(adapter)
     t0 = time.perf_counter()
-    samples = draw(decoder, adapter, sampling, cfg, "d")
-    reference = draw(ARDecoder(), adapter, sampling, cfg, "r")
+    samples = draw_samples(decoder, adapter, sampling, cfg.prompt, cfg.n_samples, cfg.batch_size, cfg.seed, "d")
+    reference = draw_samples(ARDecoder(), adapter, sampling, cfg.prompt, cfg.n_samples, cfg.batch_size, cfg.seed, "r")
     report = {
         "decoder": decoder.name,
         "decoder_config": decoder.config(),

@@ -18,7 +18,9 @@ import numpy as np
 import torch
 from scipy import stats
 
+from sjd.decoders.base import Decoder
 from sjd.models.base import Logits, ModelAdapter, Prompt
+from sjd.provenance import make_generators
 from sjd.sampling import SamplingConfig, logits_to_probs
 
 MIN_EXPECTED = 5.0
@@ -29,6 +31,25 @@ class AuditResult:
     tv_distance: float
     p_value: float
     dof: int
+
+
+def draw_samples(
+    decoder: Decoder,
+    adapter: ModelAdapter,
+    sampling: SamplingConfig,
+    prompt: str,
+    n: int,
+    batch_size: int,
+    seed: int,
+    tag: str,
+) -> torch.Tensor:
+    """n sequences for one caption, each with its own generator seeded from (seed, tag + index)."""
+    out = []
+    for start in range(0, n, batch_size):
+        ids = [f"{tag}{i}" for i in range(start, min(start + batch_size, n))]
+        prompts = [Prompt(i, prompt) for i in ids]
+        out.append(decoder.generate(adapter, prompts, sampling, make_generators(seed, ids, adapter.device)).tokens)
+    return torch.cat(out)
 
 
 def enumerate_images(adapter: ModelAdapter) -> torch.Tensor:

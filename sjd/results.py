@@ -134,3 +134,15 @@ def make_grid(run_dir: Path, decoders: list[str], prompt_ids: list[str], scale: 
     out = run_dir / "grid.png"
     grid.save(out)
     return out
+
+
+def markdown_table(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
+    """A GitHub markdown table (pandas' to_markdown needs the extra `tabulate` package)."""
+
+    def cell(v) -> str:
+        return format(v, floatfmt) if isinstance(v, float) else str(v)
+
+    head = "| " + " | ".join(df.columns) + " |"
+    rule = "| " + " | ".join("---" for _ in df.columns) + " |"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, rule, *body])

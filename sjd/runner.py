@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from sjd.decoders.base import Decoder
 from sjd.models.base import ModelAdapter, Prompt
+from sjd.plots import accept_histograms
 from sjd.prompts import load_prompt_set, resolve_path
 from sjd.provenance import git_hash, make_generators, peak_memory_mb, prompt_seed, reset_peak_memory, versions
 from sjd.results import SampleWriter, append_results_row, make_grid, read_samples, summarize, write_summary
@@ -136,6 +137,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
     samples = read_samples(run_dir)
     summary = summarize(samples, baseline, meta)
     write_summary(summary, run_dir)
+    accept_histograms(summary, run_dir / "accept_hist.png")
     if cfg.save_images:
         shown = [p.prompt_id for p in prompt_set.prompts[: cfg.grid_prompts]]
         make_grid(run_dir, [d.name for d in decoders], shown)
