@@ -4,15 +4,22 @@ Formats, chosen by extension:
 - `.tsv` / `.csv`: a header row; the caption column is `Prompt`, `prompt`, `caption` or `text`;
   an `id` column, when present, gives the prompt ids (else the 0-based row number);
 - `.jsonl`: one object per line with a caption field (as above) and optionally `id` or `image_id`;
-- `.txt`: one prompt per line.
+- `.txt`: one prompt per line;
+- `.json`: COCO caption annotations, read with pycocotools; one prompt per image (the
+  longest of its captions, the first in annotation order on ties, as SJD and LANTERN do),
+  images in ascending id order, prompt id = image id.
+A delimited file can set `delimiter` and `quoting: none` (LlamaGen's COCO-30k file is a
+one-column file whose captions contain commas and quote characters).
 Captions are stripped of surrounding whitespace and inner newlines are replaced by spaces
 (COCO captions carry both). A malformed file raises `PromptFileError` naming file and line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
+import io
 import json
 import random
 from dataclasses import dataclass
@@ -60,13 +67,34 @@ def _pick(row: dict, keys: tuple[str, ...]) -> str | None:
     return None
 
 
-def _read_rows(path: Path) -> list[tuple[int, str | None, str]]:
+def _coco_longest(path: Path) -> list[tuple[int, str | None, str]]:
+    from pycocotools.coco import COCO  # imported here: it prints on load and is only needed for COCO
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            coco = COCO(str(path))
+    except (ValueError, KeyError, AssertionError) as e:
+        raise PromptFileError(f"{path}:1: not a COCO captions file ({e})") from None
+    rows = []
+    for image_id in sorted(coco.imgs):
+        captions = [a["caption"] for a in coco.loadAnns(coco.getAnnIds(imgIds=image_id))]
+        if not captions:
+            raise PromptFileError(f"{path}: image {image_id} has no caption")
+        rows.append((0, str(image_id), max(captions, key=len)))  # max keeps the first on ties
+    return rows
+
+
+def _read_rows(path: Path, delimiter: str | None = None, quoting: str = "csv") -> list[tuple[int, str | None, str]]:
     """(line number, id or None, caption) for every prompt of the file."""
     suffix = path.suffix.lower()
     rows: list[tuple[int, str | None, str]] = []
+    if suffix == ".json":
+        return _coco_longest(path)
     if suffix in (".tsv", ".csv"):
+        delimiter = delimiter or ("\t" if suffix == ".tsv" else ",")
+        mode = csv.QUOTE_NONE if quoting == "none" else csv.QUOTE_MINIMAL
         with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ",")
+            reader = csv.DictReader(f, delimiter=delimiter, quoting=mode)
             header = reader.fieldnames or []
             if not any(k in header for k in CAPTION_KEYS):
                 raise PromptFileError(f"{path}:1: no caption column; expected one of {CAPTION_KEYS}, got {header}")
@@ -91,16 +119,16 @@ def _read_rows(path: Path) -> list[tuple[int, str | None, str]]:
         for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             rows.append((line_no, None, line))
     else:
-        raise PromptFileError(f"{path}: unknown prompt file type {suffix!r} (use .tsv, .csv, .jsonl or .txt)")
+        raise PromptFileError(f"{path}: unknown prompt file type {suffix!r} (use .tsv, .csv, .jsonl, .txt or .json)")
     return rows
 
 
-def load_prompt_file(path: str | Path) -> list[Prompt]:
+def load_prompt_file(path: str | Path, delimiter: str | None = None, quoting: str = "csv") -> list[Prompt]:
     path = resolve_path(path)
     if not path.is_file():
         raise PromptFileError(f"prompt file {path} not found (config key prompts.path)")
     prompts, seen = [], set()
-    for index, (line_no, pid, caption) in enumerate(_read_rows(path)):
+    for index, (line_no, pid, caption) in enumerate(_read_rows(path, delimiter, quoting)):
         text = clean_caption(caption)
         if not text:
             raise PromptFileError(f"{path}:{line_no}: empty caption")
@@ -114,10 +142,24 @@ def load_prompt_file(path: str | Path) -> list[Prompt]:
     return prompts
 
 
-def load_prompt_set(name: str, path: str, n: int | None = None, subset_seed: int | None = None) -> PromptSet:
-    """The first `n` prompts, or a seeded random subset of `n` when `subset_seed` is set."""
+def load_prompt_set(
+    name: str,
+    path: str,
+    n: int | None = None,
+    subset_seed: int | None = None,
+    sha256: str | None = None,
+    delimiter: str | None = None,
+    quoting: str = "csv",
+) -> PromptSet:
+    """The first `n` prompts, or a seeded random subset of `n` when `subset_seed` is set.
+    With `sha256` set, a file whose hash differs is refused (the set is not what it claims)."""
     resolved = resolve_path(path)
-    prompts = load_prompt_file(resolved)
+    digest = file_sha256(resolved) if resolved.is_file() else None
+    if sha256 and digest and digest != sha256:
+        raise PromptFileError(
+            f"{resolved}: sha256 {digest} differs from prompts.sha256 {sha256}; restore the file or update the config"
+        )
+    prompts = load_prompt_file(resolved, delimiter, quoting)
     total = len(prompts)
     if n is not None and n < 1:
         raise ValueError(f"prompts.n must be >= 1 or null, got {n}")
@@ -128,4 +170,4 @@ def load_prompt_set(name: str, path: str, n: int | None = None, subset_seed: int
     else:
         idx = sorted(random.Random(subset_seed).sample(range(total), n))
         chosen, selection = [prompts[i] for i in idx], f"{n} of {total}, seed {subset_seed}"
-    return PromptSet(name, resolved, file_sha256(resolved), total, chosen, selection)
+    return PromptSet(name, resolved, digest or file_sha256(resolved), total, chosen, selection)

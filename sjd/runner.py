@@ -68,7 +68,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
         raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
     sampling = SamplingConfig(**OmegaConf.to_container(cfg.model.sampling))
     decoders, baseline = build_decoders(cfg)
-    prompt_set = load_prompt_set(cfg.prompts.name, cfg.prompts.path, cfg.prompts.n, cfg.prompts.get("subset_seed"))
+    prompt_set = load_prompt_set(**OmegaConf.to_container(cfg.prompts))
 
     device = pick_device(cfg.device)
     adapter: ModelAdapter = instantiate(cfg.model.adapter, device=device)
