@@ -7,7 +7,10 @@ probability p(x), and on rejection resamples from p without x (algorithms.md §1
 Schemes (SJD paper, §4.2 of algorithms.md):
 - random:     a uniformly random id from the model's free image tokens;
 - horizontal: repeat the token to the left in the same row;
-- vertical:   repeat the token above (the paper's best; absent from the official code).
+- vertical:   repeat the token above (the paper's best; absent from the official code);
+- sample_horizon: the arg-max of the distribution the token to the left was drawn from (its
+  logits' top-1, as the official code's `sample_horizon`), when the decoder knows it; drafts
+  further right, whose left neighbour is itself a fresh draft, repeat it (horizontal).
 A spatial scheme with no neighbour to copy (first column / first row) falls back to the other
 spatial neighbour, then to random. Positions the grammar forces (begin/end of image, size
 tokens, end-of-line) always get the forced token: p is one-hot there, so it is accepted with
@@ -20,7 +23,7 @@ import torch
 
 from sjd.models.base import ImageLayout
 
-SCHEMES = ("random", "horizontal", "vertical")
+SCHEMES = ("random", "horizontal", "vertical", "sample_horizon")
 
 
 def fresh_drafts(
@@ -30,11 +33,13 @@ def fresh_drafts(
     count: int,
     layout: ImageLayout,
     generator: torch.Generator,
+    left_distribution: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Draft ids for positions start .. start+count-1 of one row.
 
     `known` [>= start] holds the row's current tokens (committed, then carried drafts) for
-    every position before `start`; it is read for spatial neighbours."""
+    every position before `start`; it is read for spatial neighbours. `left_distribution`
+    [V] is the distribution position start-1 was drawn from (for sample_horizon)."""
     if scheme not in SCHEMES:
         raise ValueError(f"decoder.init must be one of {SCHEMES}, got {scheme!r}")
     device = known.device
@@ -44,12 +49,21 @@ def fresh_drafts(
         out = random_ids
     else:
         seq = torch.cat([known[:start], torch.empty(count, dtype=torch.long, device=device)])
+        spatial = "horizontal" if scheme == "sample_horizon" else scheme
         for i in range(count):  # sequential: a draft may copy the draft just before it
             pos = start + i
-            seq[pos] = _spatial(scheme, seq, pos, layout, random_ids[i])
+            seq[pos] = _spatial(spatial, seq, pos, layout, random_ids[i])
+        if scheme == "sample_horizon" and left_distribution is not None and _column(start, layout) > 0:
+            seq[start] = left_distribution.argmax()
+            for pos in range(start + 1, start + count):  # the rest of the row follows its left neighbour
+                seq[pos] = _spatial(spatial, seq, pos, layout, random_ids[pos - start])
         out = seq[start:]
     forced = layout.forced.to(device)[start : start + count]
     return torch.where(forced >= 0, forced, out)
+
+
+def _column(pos: int, layout: ImageLayout) -> int:
+    return (pos - layout.first_code) % layout.row_stride if pos >= layout.first_code else -1
 
 
 def _spatial(scheme: str, seq: torch.Tensor, pos: int, layout: ImageLayout, fallback: torch.Tensor) -> torch.Tensor:

@@ -47,9 +47,10 @@ def test_exact_distribution_sums_to_one_and_cfg_matters():
         ["decoder=sjd", "decoder.init=random"],
         ["decoder=sjd", "decoder.init=horizontal"],
         ["decoder=sjd", "decoder.init=vertical"],
+        ["decoder=sjd", "decoder.init=sample_horizon"],
         ["decoder=sjd", "micro_window=8", "batch_size=500"],
     ],
-    ids=["ar", "jacobi", "sjd-random", "sjd-horizontal", "sjd-vertical", "sjd-window8"],
+    ids=["ar", "jacobi", "sjd-random", "sjd-horizontal", "sjd-vertical", "sjd-sample-horizon", "sjd-window8"],
 )
 def test_lossless_decoders_pass_the_exact_audit(overrides):
     report = run_audit([*overrides, "n_samples=20000"])

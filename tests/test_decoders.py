@@ -20,7 +20,7 @@ def gens(prompts, seed=0):
     return make_generators(seed, [p.prompt_id for p in prompts], torch.device("cpu"))
 
 
-@pytest.mark.parametrize("init", ["random", "horizontal", "vertical"])
+@pytest.mark.parametrize("init", ["random", "horizontal", "vertical", "sample_horizon"])
 @pytest.mark.parametrize("window", [4, 16])
 def test_greedy_sjd_equals_greedy_ar_token_for_token(toy, init, window):
     ar = ARDecoder().generate(toy, PROMPTS, GREEDY, gens(PROMPTS))

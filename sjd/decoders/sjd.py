@@ -123,7 +123,8 @@ class SJDDecoder(Decoder):
             d, dq = state.carried[b][:need], state.carried_q[b][:need]
             if len(d) < need:  # top up the carried drafts with fresh ones
                 known = torch.cat([state.tokens[b, :n], d])
-                new = fresh_drafts(self.init, known, n + len(d), need - len(d), layout, generators[b])
+                left = dq[-1] if len(d) else state.last_p[b]  # what position n + len(d) - 1 was drawn from
+                new = fresh_drafts(self.init, known, n + len(d), need - len(d), layout, generators[b], left)
                 d, dq = torch.cat([d, new]), torch.cat([dq, one_hot(new, V)])
             drafts[b, :need], q[b, :need] = d, dq
             inputs[b, 0] = state.tokens[b, min(n, layout.n_tokens) - 1]
@@ -156,6 +157,7 @@ class WindowState:
     carried_q: list[torch.Tensor]  # ... and the distributions they were drawn from
     accepted: list[list[int]]
     n_forward: list[int]
+    last_p: list[torch.Tensor | None]  # the distribution the last committed token was drawn from
 
     @classmethod
     def empty(cls, B: int, N: int, V: int, device: torch.device) -> WindowState:
@@ -166,6 +168,7 @@ class WindowState:
             carried_q=[torch.empty(0, V, device=device)] * B,
             accepted=[[1] for _ in range(B)],
             n_forward=[1] * B,
+            last_p=[None] * B,
         )
 
     def commit(
@@ -181,6 +184,7 @@ class WindowState:
             take = n_acc + 1
             self.committed[b] = n + take
             self.carried[b], self.carried_q[b] = samples[b, take : widths[b]], p[b, take : widths[b]]
+            self.last_p[b] = p[b, n_acc]  # the residual's source; its arg-max is what sample_horizon wants
             self.accepted[b].append(take)
             self.n_forward[b] += 1
 
