@@ -157,7 +157,8 @@ def load_prompt_set(
     digest = file_sha256(resolved) if resolved.is_file() else None
     if sha256 and digest and digest != sha256:
         raise PromptFileError(
-            f"{resolved}: sha256 {digest} differs from prompts.sha256 {sha256}; restore the file or update the config"
+            f"{resolved}: sha256 {digest} differs from prompts.sha256 {sha256}; restore the file, update "
+            "the config, or use prompts=file for a file of your own"
         )
     prompts = load_prompt_file(resolved, delimiter, quoting)
     total = len(prompts)

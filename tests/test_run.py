@@ -94,7 +94,7 @@ def test_a_prompt_the_model_cannot_take_is_named_before_any_work(tmp_path):
         "id\tPrompt\nok1\tlarge red circle center on blue\nbad7\tlarge red circle " + "and " * 30 + "on blue\n"
     )
     run_dir = tmp_path / "run"
-    proc = run_py(f"hydra.run.dir={run_dir}", f"prompts.path={prompts}", "results_csv=null")
+    proc = run_py(f"hydra.run.dir={run_dir}", "prompts=file", f"prompts.path={prompts}", "results_csv=null")
     assert proc.returncode != 0
     assert "'bad7'" in proc.stderr
     assert not (run_dir / "summary.csv").exists()
