@@ -93,9 +93,4 @@ class Decoder(ABC):
     ) -> DecodeResult: ...
 
 
-def positions_grid(start: Sequence[int], width: int, device: torch.device) -> torch.Tensor:
-    """[B, W] generated positions start[b] + i."""
-    return torch.as_tensor(list(start), device=device)[:, None] + torch.arange(width, device=device)
-
-
 WINDOW_CAPABILITY = frozenset({WINDOW})

@@ -54,9 +54,6 @@ class ImageLayout:
     free_tokens: torch.Tensor  # [vocab] bool
     vocab_size: int
 
-    def code_position(self, row: int, col: int) -> int:
-        return self.first_code + row * self.row_stride + col
-
     @property
     def free_token_ids(self) -> torch.Tensor:
         return self.free_tokens.nonzero().flatten()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -67,12 +66,3 @@ def load_toy(directory: str | Path, config_key: str = "model.adapter.weights") -
     model = build_toy_model(LlamaConfig(**meta["llama"]))
     model.load_state_dict(load_file(str(weights)))
     return model.eval(), meta
-
-
-def copy_model(model: LlamaForCausalLM) -> LlamaForCausalLM:
-    clone = build_toy_model(LlamaConfig(**model.config.to_dict()))
-    clone.load_state_dict(model.state_dict())
-    return clone
-
-
-__all__ = ["toy_llama_config", "build_toy_model", "save_toy", "load_toy", "TEXT_CONTEXT", "torch"]

@@ -134,4 +134,3 @@ class ToyVocab:
 
 
 N_IMAGE_TOKENS = 1 + GRID * (GRID + 1) + 1
-__all__ = ["ToyVocab", "decode_codes", "encode_image", "dominant_colours", "N_CODES", "PATTERNS"]
