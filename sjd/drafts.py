@@ -38,7 +38,7 @@ def fresh_drafts(
     """Draft ids for positions start .. start+count-1 of one row.
 
     `known` [>= start] holds the row's current tokens (committed, then carried drafts) for
-    every position before `start`; it is read for spatial neighbours. `left_distribution`
+    every position before `start`; only spatial schemes read it. `left_distribution`
     [V] is the distribution position start-1 was drawn from (for sample_horizon)."""
     if scheme not in SCHEMES:
         raise ValueError(f"decoder.init must be one of {SCHEMES}, got {scheme!r}")

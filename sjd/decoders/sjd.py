@@ -122,7 +122,8 @@ class SJDDecoder(Decoder):
             n, need = state.committed[b], max(widths[b] - 1, 0)
             d, dq = state.carried[b][:need], state.carried_q[b][:need]
             if len(d) < need:  # top up the carried drafts with fresh ones
-                known = torch.cat([state.tokens[b, :n], d])
+                # Spatial schemes read the row's current tokens; random needs none (keep the hot path light).
+                known = d if self.init == "random" else torch.cat([state.tokens[b, :n], d])
                 left = dq[-1] if len(d) else state.last_p[b]  # what position n + len(d) - 1 was drawn from
                 new = fresh_drafts(self.init, known, n + len(d), need - len(d), layout, generators[b], left)
                 d, dq = torch.cat([d, new]), torch.cat([dq, one_hot(new, V)])

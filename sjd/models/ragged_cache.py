@@ -47,7 +47,7 @@ class RaggedCache:
 
     def truncate(self, lengths: Sequence[int]) -> None:
         lengths = list(lengths)
-        if self._in_step(lengths):
+        if self._in_step(lengths):  # cutting a common tail cannot make holes
             drop = self.slot_pos.shape[1] - (self.prompt_width + lengths[0])
         else:
             keep_below = self.prompt_len + self._expand(lengths)
@@ -57,7 +57,8 @@ class RaggedCache:
         if drop > 0:
             self.cache.crop(-drop)  # crop(-k) drops k slots; crop(0) is not portable
             self.slot_pos = self.slot_pos[:, :-drop]
-        self.ragged = not bool((self.slot_pos >= 0).all())
+        if self.ragged or not self._in_step(lengths):
+            self.ragged = not bool((self.slot_pos >= 0).all())
 
     def prepare(self, start: Sequence[int], width: int, device: torch.device) -> dict:
         """Truncate to `start`, register `width` new slots, and return the model kwargs
