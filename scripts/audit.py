@@ -35,9 +35,11 @@ register_resolvers()
 
 
 def audit(cfg: DictConfig) -> dict:
-    if cfg.model.name == "micro" and cfg.micro_window is not None and "window" in cfg.decoder:
+    if cfg.model.get("enumerable", False):
         with open_dict(cfg):
-            cfg.decoder.window = cfg.micro_window
+            for key, value in (cfg.micro_decoder or {}).items():
+                if key in cfg.decoder and value is not None:
+                    cfg.decoder[key] = value
     sampling = SamplingConfig(**OmegaConf.to_container(cfg.model.sampling))
     decoder = instantiate(cfg.decoder)
     adapter = instantiate(cfg.model.adapter, device=cfg.device)
@@ -52,7 +54,7 @@ def audit(cfg: DictConfig) -> dict:
         "n_samples": cfg.n_samples,
         "sampling": sampling.__dict__,
     }
-    if cfg.model.name == "micro":
+    if cfg.model.get("enumerable", False):
         space = enumerate_images(adapter)
         probs = sequence_probabilities(adapter, Prompt("p", cfg.prompt), space, sampling).numpy()
         n = len(space)

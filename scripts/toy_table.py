@@ -2,9 +2,10 @@
 
     python scripts/toy_table.py [--n-audit 1000] [hydra overrides, e.g. prompts.n=32]
 
-1. runs `experiment=toy_decoders` (AR baseline + every decoder, interleaved, same prompts):
-   steps, step compression, latency speedup vs AR;
-2. audits each decoder against AR on the toy model: n-audit samples each for one caption,
+1. runs `experiment=toy_decoders` (AR baseline + every decoder, interleaved, same prompts) and
+   `experiment=toy_sjd2` (SJD2 on its noise-aware fine-tune, with AR and SJD on that model):
+   steps, step compression, latency speedup vs AR of the same model;
+2. audits each decoder against AR of its model: n-audit samples each for one caption,
    per-position two-sample chi-square (Bonferroni) and mean per-position TV distance, with AR
    against AR (two halves) as the noise floor;
 3. writes results/toy_table1.csv and results/toy_table1.md.
@@ -31,6 +32,9 @@ from sjd.results import markdown_table  # noqa: E402
 from sjd.runner import build_decoders, run  # noqa: E402
 from sjd.sampling import SamplingConfig  # noqa: E402
 
+EXPERIMENTS = ("toy_decoders", "toy_sjd2")
+SETTINGS = ("window", "init", "context", "denoise_steps")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -38,14 +42,33 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     register_resolvers()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        cfg = compose("config", overrides=["experiment=toy_decoders", *args.overrides])
-    run_dir = ROOT / "outputs" / "runs" / f"{datetime.now():%Y-%m-%d_%H-%M-%S}_toy_table1"
-    summary = run(cfg, run_dir).set_index("decoder")
+    rows, run_dirs = [], []
+    for experiment in EXPERIMENTS:
+        with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+            cfg = compose("config", overrides=[f"experiment={experiment}", *args.overrides])
+        run_dir = ROOT / "outputs" / "runs" / f"{datetime.now():%Y-%m-%d_%H-%M-%S}_toy_table1_{experiment}"
+        rows += table_rows(cfg, run_dir, args.n_audit)
+        run_dirs.append(str(run_dir.relative_to(ROOT)))
+    table = pd.DataFrame(rows)
+    out = ROOT / "results" / "toy_table1"
+    table.drop(columns=["prompts"]).to_csv(out.with_suffix(".csv"), index=False)
+    out.with_suffix(".md").write_text(
+        f"Toy models, {rows[0]['prompts']} toy prompts, seed {cfg.seed}, CPU. Speedups are against AR on the same "
+        f"model in the same run; audit: {args.n_audit} samples per decoder of one caption against AR of its model "
+        "(per-position chi-square, Bonferroni).\n"
+        f"`python scripts/toy_table.py`, run dirs {', '.join(f'`{d}`' for d in run_dirs)}\n\n"
+        + markdown_table(table.drop(columns=["prompts"]))
+        + "\n"
+    )
+    print(table.to_string(index=False))
 
+
+def table_rows(cfg, run_dir: Path, n: int) -> list[dict]:
+    """Run one experiment, then audit each of its decoders against AR on the same model."""
+    summary = run(cfg, run_dir).set_index("decoder")
     sampling = SamplingConfig(**OmegaConf.to_container(cfg.model.sampling))
     adapter = instantiate(cfg.model.adapter, device="cpu")
-    caption, n, batch = cfg.model.audit_prompt, args.n_audit, 500
+    caption, batch = cfg.model.audit_prompt, 500
     reference = draw_samples(ARDecoder(), adapter, sampling, caption, 2 * n, batch, cfg.seed, "r").numpy()
     noise = marginal_test(reference[:n], reference[n:])
     rows = []
@@ -55,9 +78,11 @@ def main() -> None:
             draw_samples(d, adapter, sampling, caption, n, batch, cfg.seed, "d").numpy(), reference[:n]
         )
         s = summary.loc[d.name]
-        settings = ", ".join(f"{k}={v}" for k, v in d.config().items() if k in ("window", "init"))
+        settings = ", ".join(f"{k}={v}" for k, v in d.config().items() if k in SETTINGS)
         rows.append(
             {
+                "model": cfg.model.name,
+                "prompts": s["prompt_selection"],
                 "decoder": d.name,
                 "settings": settings or "-",
                 "steps": s["n_forward"],
@@ -70,15 +95,7 @@ def main() -> None:
                 "lossless_expected": d.lossless,
             }
         )
-    table = pd.DataFrame(rows)
-    out = ROOT / "results" / "toy_table1"
-    table.to_csv(out.with_suffix(".csv"), index=False)
-    out.with_suffix(".md").write_text(
-        f"Toy model, {summary['prompt_selection'].iloc[0]} toy prompts, seed {cfg.seed}, CPU; audit: {n} samples "
-        f"per decoder of one caption vs AR (per-position chi-square, Bonferroni).\n"
-        f"`python scripts/toy_table.py`, run dir `{run_dir.relative_to(ROOT)}`\n\n" + markdown_table(table) + "\n"
-    )
-    print(table.to_string(index=False))
+    return rows
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ is what makes classifier-free guidance work at sampling time.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
@@ -20,36 +19,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sjd.toy.model import TEXT_CONTEXT, build_toy_model, save_toy, toy_llama_config
-from sjd.toy.scenes import scene_batch
+from sjd.toy.model import build_toy_model, save_toy, toy_llama_config
 from sjd.toy.tokenizer import ToyVocab
+from sjd.toy.training import HELDOUT_INDEX, image_targets, lr_at, make_batch
 
-HELDOUT_INDEX = 10**9  # batch indices reserved for held-out data (training never reaches them)
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "sjd" / "assets" / "toy"
-
-
-def make_batch(vocab: ToyVocab, seed: int, step: int, batch_size: int, dropout: float) -> torch.Tensor:
-    scenes = scene_batch(seed, step, batch_size)
-    drop = np.random.Generator(np.random.PCG64([seed, step, 1])).random(batch_size) < dropout
-    rows = []
-    for scene, dropped in zip(scenes, drop):
-        text = vocab.null_text(TEXT_CONTEXT) if dropped else vocab.encode_text(scene.caption, TEXT_CONTEXT)
-        rows.append(text + vocab.image_sequence(scene.codes))
-    return torch.tensor(rows, dtype=torch.long)
-
-
-def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def image_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy on the image stream only (the caption is the condition)."""
     logits = model(input_ids=batch[:, :-1]).logits
-    targets = batch[:, 1:].clone()
-    targets[:, : TEXT_CONTEXT - 1] = -100  # positions predicting caption tokens
+    targets = image_targets(batch)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
 

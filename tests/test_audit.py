@@ -48,9 +48,19 @@ def test_exact_distribution_sums_to_one_and_cfg_matters():
         ["decoder=sjd", "decoder.init=horizontal"],
         ["decoder=sjd", "decoder.init=vertical"],
         ["decoder=sjd", "decoder.init=sample_horizon"],
-        ["decoder=sjd", "micro_window=8", "batch_size=500"],
+        ["decoder=sjd", "micro_decoder.window=8", "batch_size=500"],
+        ["model=micro_sjd2", "decoder=sjd2", "decoder.denoise_steps=1"],
     ],
-    ids=["ar", "jacobi", "sjd-random", "sjd-horizontal", "sjd-vertical", "sjd-sample-horizon", "sjd-window8"],
+    ids=[
+        "ar",
+        "jacobi",
+        "sjd-random",
+        "sjd-horizontal",
+        "sjd-vertical",
+        "sjd-sample-horizon",
+        "sjd-window8",
+        "sjd2-1step",
+    ],
 )
 def test_lossless_decoders_pass_the_exact_audit(overrides):
     report = run_audit([*overrides, "n_samples=20000"])
@@ -73,3 +83,13 @@ def test_exact_test_statistics():
     probs = np.array([0.5, 0.3, 0.2])
     assert exact_test(np.array([5000, 3000, 2000]), probs).p_value > 0.99
     assert exact_test(np.array([5400, 2800, 1800]), probs).p_value < 1e-6
+
+
+def test_lossy_decoders_report_their_distance():
+    pjd = run_audit(["decoder=pjd", "n_samples=4000"])
+    assert not pjd["lossless_expected"] and pjd["decoder_config"]["context"] == 1
+    assert 0 <= pjd["tv_distance"] <= 1
+    # SJD2 on a model never trained to denoise: the noisy window inputs change its distribution.
+    sjd2 = run_audit(["model=micro_sjd2", "decoder=sjd2", "decoder.denoise_steps=8", "n_samples=4000"])
+    assert not sjd2["lossless_expected"]
+    assert sjd2["p_value"] < 1e-6 and sjd2["tv_distance"] > 2 * sjd2["ar_tv_distance"], sjd2

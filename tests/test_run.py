@@ -98,3 +98,22 @@ def test_a_prompt_the_model_cannot_take_is_named_before_any_work(tmp_path):
     assert proc.returncode != 0
     assert "'bad7'" in proc.stderr
     assert not (run_dir / "summary.csv").exists()
+
+
+def test_pjd_and_sjd2_run_end_to_end(tmp_path):
+    for overrides in (["decoder=pjd"], ["model=toy_sjd2", "decoder=sjd2"]):
+        name = overrides[-1].split("=")[1]
+        run_dir = tmp_path / name
+        proc = run_py(f"hydra.run.dir={run_dir}", "prompts.n=2", "warmup=0", "results_csv=null", *overrides)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        summary = pd.read_csv(run_dir / "summary.csv").set_index("decoder")
+        assert summary.loc[name, "step_compression"] > 1.0
+        assert summary.loc["ar", "model"] == summary.loc[name, "model"]  # AR runs the same model
+
+
+def test_a_decoder_the_model_cannot_serve_fails_before_any_work(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_py(f"hydra.run.dir={run_dir}", "decoder=sjd2", "prompts.n=2", "results_csv=null")
+    assert proc.returncode != 0
+    assert "'sjd2' needs model capabilities ['embeds']" in proc.stderr and "'toy'" in proc.stderr
+    assert not (run_dir / "summary.csv").exists() and not (run_dir / "samples.jsonl").exists()

@@ -64,6 +64,14 @@ class ForwardClock:
     def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:
         return self._timed(self.adapter.forward, tokens, start)
 
+    def forward_embeds(self, embeds: torch.Tensor, levels: torch.Tensor, start: Sequence[int]) -> Logits:
+        return self._timed(self.adapter.forward_embeds, embeds, levels, start)
+
+    def forward_at(
+        self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, window_mask: torch.Tensor
+    ) -> Logits:
+        return self._timed(self.adapter.forward_at, tokens, positions, keep, window_mask)
+
 
 class Decoder(ABC):
     name: str = "decoder"

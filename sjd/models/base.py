@@ -95,6 +95,29 @@ class ModelAdapter(ABC):
     def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:
         """Write `tokens` [B, W] at generated positions start[b] + i (see the module docstring)."""
 
+    def forward_at(
+        self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, window_mask: torch.Tensor
+    ) -> Logits:
+        """The `custom_mask` capability: write `tokens` [B, W] at arbitrary generated `positions`
+        [B, W] (-1 = padding, never attended to), after dropping every cached generated position
+        p of row b with `keep[b, p]` False (and any position being rewritten). Query i attends to
+        the kept cached positions below positions[b, i] and to the window slots j with
+        `window_mask[b, i, j]`. Logits i predict the token after positions[b, i] in raster order."""
+        raise NotImplementedError(f"model {self.name!r} does not provide the {CUSTOM_MASK!r} capability")
+
+    # -- the `embeds` capability (SJD2): window inputs given as noisy token embeddings ------------
+    noise_levels: int = 0  # discrete noise levels; 0 = clean, noise_levels - 1 = pure noise
+    embed_dim: int = 0
+
+    def embed(self, tokens: torch.Tensor, levels: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Input embeddings [B, W, D] of `tokens` at noise `levels` [B, W], mixing in the standard
+        normal `noise` [B, W, D] the way the model was fine-tuned (its own noise schedule)."""
+        raise NotImplementedError(f"model {self.name!r} does not provide the {EMBEDS!r} capability")
+
+    def forward_embeds(self, embeds: torch.Tensor, levels: torch.Tensor, start: Sequence[int]) -> Logits:
+        """As `forward`, with input embeddings (from `embed`) and their noise levels."""
+        raise NotImplementedError(f"model {self.name!r} does not provide the {EMBEDS!r} capability")
+
     @abstractmethod
     def truncate(self, lengths: Sequence[int]) -> None:
         """Keep generated positions < lengths[b] of row b; drop the rest."""

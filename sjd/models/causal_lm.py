@@ -29,14 +29,27 @@ class CausalLMAdapter(ModelAdapter):
         ids = self.prompt_ids(prompts, with_uncond).to(self.device)
         self._with_uncond = with_uncond
         self._cache = RaggedCache(self.model.config, [ids.shape[1]] * ids.shape[0], int(with_uncond))
-        out = self.model(input_ids=ids, cache=self._cache.cache, use_cache=True, logits_to_keep=1)
+        out = self._run(ids, cache=self._cache.cache, use_cache=True, logits_to_keep=1)
         return self._split(out.logits)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:
         kwargs = self._ragged().prepare(start, tokens.shape[1], self.device)
         ids = torch.cat([tokens, tokens]) if self._with_uncond else tokens
-        out = self.model(input_ids=ids, cache=self._ragged().cache, use_cache=True, **kwargs)
+        out = self._run(ids, cache=self._ragged().cache, use_cache=True, **kwargs)
+        return self._split(out.logits)
+
+    def _run(self, ids: torch.Tensor, **kwargs):
+        """One model call on ids; adapters whose model takes embeddings override this."""
+        return self.model(input_ids=ids, **kwargs)
+
+    @torch.no_grad()
+    def forward_at(
+        self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, window_mask: torch.Tensor
+    ) -> Logits:
+        kwargs = self._ragged().prepare_at(positions.cpu(), keep.cpu(), window_mask.cpu(), self.device)
+        ids = torch.cat([tokens, tokens]) if self._with_uncond else tokens
+        out = self._run(ids, cache=self._ragged().cache, use_cache=True, **kwargs)
         return self._split(out.logits)
 
     def truncate(self, lengths: Sequence[int]) -> None:

@@ -17,6 +17,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from sjd.models.base import ImageLayout, Prompt
 from sjd.models.causal_lm import CausalLMAdapter
+from sjd.models.noise_aware import NoiseAwareInputs
+from sjd.toy.noise_aware import NoiseAwareLM
 
 PAD, BOS, NULL, WORD_A, WORD_B = 0, 1, 2, 3, 4
 FIRST_CODE = 5
@@ -80,3 +82,16 @@ class MicroAdapter(CausalLMAdapter):
         """[B, n_tokens] -> [B, height, width] code indices."""
         body = tokens[:, 1 : 1 + self.height * (self.width + 1)].reshape(-1, self.height, self.width + 1)
         return (body[..., : self.width] - FIRST_CODE).cpu()
+
+
+class MicroSJD2Adapter(NoiseAwareInputs, MicroAdapter):
+    """The micro model behind SJD2's noise-aware input path, with a random timestep embedding.
+
+    Nothing here is trained to denoise; it exists so that the audit can test the SJD2 loop's
+    exactness where it must hold (denoise_steps=1) and measure its distance otherwise."""
+
+    def __init__(self, time_scale: float = 0.5, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.model = NoiseAwareLM(self.model).eval().to(self.device)
+        with torch.no_grad():
+            self.model.time_embed.weight.normal_(0.0, time_scale)

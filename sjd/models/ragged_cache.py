@@ -76,3 +76,57 @@ class RaggedCache:
             "position_ids": query_pos.to(device),
             "attention_mask": mask[:, None].to(device),  # [rows, 1, W, slots], True = attend
         }
+
+    def prepare_at(
+        self, positions: torch.Tensor, keep: torch.Tensor, window_mask: torch.Tensor, device: torch.device
+    ) -> dict:
+        """General window: `positions` [B, W] generated positions (-1 = padding), `keep` [B, N]
+        which cached generated positions stay, `window_mask` [B, W, W] which window slots each
+        query sees (True = attend). Cached slots at a position being written are replaced.
+        Returns the model kwargs; queries see kept cached slots at lower positions."""
+        B, W = positions.shape
+        rewritten = torch.zeros(keep.shape, dtype=torch.long)
+        rewritten.scatter_add_(1, positions.clamp(min=0), (positions >= 0).long())
+        keep = keep & (rewritten == 0)  # a position written again replaces its cached slot
+        keep_rows = keep.repeat(self.rows // self.batch, 1)
+        gen = self.slot_pos - self.prompt_len[:, None]
+        is_gen = (gen >= 0) & (self.slot_pos >= 0)
+        kept = keep_rows.gather(1, gen.clamp(0, keep.shape[1] - 1))
+        self.slot_pos[is_gen & ~kept] = -1
+        used = (self.slot_pos >= 0).any(0)
+        drop = int((~used).flip(0).long().cumprod(0).sum())
+        if drop > 0:
+            self.cache.crop(-drop)
+            self.slot_pos = self.slot_pos[:, :-drop]
+        self.compact()
+
+        pos_rows = positions.repeat(self.rows // self.batch, 1)
+        query_pos = torch.where(pos_rows >= 0, self.prompt_len[:, None] + pos_rows, -1)
+        old = (self.slot_pos >= 0)[:, None, :] & (self.slot_pos[:, None, :] < query_pos[:, :, None])
+        own = window_mask.repeat(self.rows // self.batch, 1, 1) | torch.eye(W, dtype=torch.bool)  # never empty
+        mask = torch.cat([old, own], dim=2)
+        self.slot_pos = torch.cat([self.slot_pos, query_pos], dim=1)  # padding slots stay holes (-1)
+        self.ragged = True
+        return {
+            "position_ids": query_pos.clamp(min=0).to(device),
+            "attention_mask": mask[:, None].to(device),
+        }
+
+    def compact(self, min_holes: int = 64) -> None:
+        """Gather each row's live slots to the front once holes are most of the cache.
+
+        Decoders that drop slots in the middle (PJD rejects drafts of several image rows per
+        forward) would otherwise grow the cache by every window they ever wrote."""
+        live = self.slot_pos >= 0
+        counts = live.sum(1)
+        width, new_width = self.slot_pos.shape[1], int(counts.max())
+        if width - new_width < max(min_holes, width // 2):
+            return
+        # Stable order: live slots first (in their old order), then holes.
+        order = torch.sort((~live).long(), dim=1, stable=True).indices[:, :new_width]
+        for layer in self.cache.layers:
+            index = order.to(layer.keys.device)[:, None, :, None]
+            layer.keys = layer.keys.gather(2, index.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3]))
+            layer.values = layer.values.gather(2, index.expand(-1, layer.values.shape[1], -1, layer.values.shape[3]))
+        self.slot_pos = self.slot_pos.gather(1, order)
+        self.ragged = True

@@ -1,0 +1,300 @@
+"""Parallel Jacobi Decoding (PJD, CVPR 2026; algorithms.md §6): 2-D drafts, one window per image row.
+
+Image row r+1 starts once row r has `context` committed codes (the paper's c). Every active
+row puts [its last committed token, its drafts] into one forward, at their true raster
+positions. The row-causal mask lets a token see every committed token before it (cached or in
+the window) and the earlier drafts of its own row, never another row's drafts. Rules per
+iteration, as the official sampler:
+- the top active row verifies with the speculative rule and commits the accepted prefix plus
+  the residual (or bonus) token;
+- a lower row commits only its accepted prefix: no residual resample and no bonus;
+- after a row's first rejection, each later draft stays a draft if min(1, p/q) > `keep_threshold`,
+  otherwise the model's new sample (q := p) replaces it; the rejected slot of a lower row gets
+  the model's new sample too.
+A lower row never runs ahead of the row above: its window is at most the columns the row above
+has committed. Not lossless: a token of row r+1 conditions on part of row r only, and the
+lower-row rules depart from speculative sampling (the audit measures the distance).
+
+Our choices where the official code leaves room (config in conf/decoder/pjd.yaml):
+- `window` counts a row's drafts (the official W=8); `context` = c (official 9).
+- Positions outside the code grid must be grammar-forced (begin/end of image, size tokens,
+  end-of-line): they are known in advance. Row r's first anchor is the end-of-line token of
+  row r-1, written when row r starts (the official "append EOL" step); prefix tokens are written
+  by the first forward. A layout without end-of-line tokens has no such anchor and is refused.
+- A row completed by a residual/bonus token writes that token's K/V in the next forward.
+- Fresh drafts use sjd.drafts (`init`): `vertical` copies the committed token above.
+- `accepted` records codes committed per forward (the prefill entry counts the forced tokens).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from sjd.decoders.base import Decoder, DecodeResult, ForwardClock, device_sync
+from sjd.drafts import SCHEMES, fresh_drafts, one_hot
+from sjd.models.base import CUSTOM_MASK, WINDOW, ImageLayout, Logits, ModelAdapter, Prompt
+from sjd.sampling import SamplingConfig, logits_to_probs, sample_from, sample_rows
+from sjd.verify import verify as speculative_verify
+
+
+@dataclass
+class Segment:
+    """One run of window inputs: committed lead-in tokens, then (for an image row) its drafts."""
+
+    row: int  # image row, or -1 for lead-in tokens that only need their K/V written
+    positions: list[int]
+    n_committed: int  # leading inputs that are committed tokens
+    drafts: torch.Tensor | None = None
+    q: torch.Tensor | None = None
+
+
+@dataclass
+class RowState:
+    """One batch row: tokens, what is committed, per image row its progress and carried drafts."""
+
+    tokens: torch.Tensor  # [N]
+    committed: torch.Tensor  # [N] bool
+    written: torch.Tensor  # [N] bool: K/V in the cache
+    done: list[int]  # codes committed per image row
+    started: list[bool]
+    carried: list[torch.Tensor]
+    carried_q: list[torch.Tensor]
+    accepted: list[int] = field(default_factory=list)
+
+    def complete(self) -> bool:
+        return all(self.committed.tolist())
+
+
+class PJDDecoder(Decoder):
+    requires = frozenset({WINDOW, CUSTOM_MASK})
+    lossless = False
+
+    def __init__(
+        self, name: str = "pjd", window: int = 8, context: int = 9, keep_threshold: float = 0.5, init: str = "random"
+    ) -> None:
+        if window < 1 or context < 1:
+            raise ValueError(f"decoder.window and decoder.context must be >= 1, got {window}, {context}")
+        if not 0.0 <= keep_threshold <= 1.0:
+            raise ValueError(f"decoder.keep_threshold must be in [0, 1], got {keep_threshold}")
+        if init not in SCHEMES:
+            raise ValueError(f"decoder.init must be one of {SCHEMES}, got {init!r}")
+        self.name, self.window, self.context = name, window, context
+        self.keep_threshold, self.init = keep_threshold, init
+
+    def check(self, adapter: ModelAdapter) -> None:
+        super().check(adapter)
+        layout = adapter.layout
+        if layout.row_stride != layout.width + 1:
+            raise ValueError(
+                f"decoder {self.name!r} needs an end-of-line token after every image row (it anchors the next "
+                f"row's window); model {adapter.name!r} has rows of {layout.row_stride} tokens for {layout.width} codes"
+            )
+        grid = torch.zeros(layout.n_tokens, dtype=torch.bool)
+        for r in range(layout.height):
+            grid[self._pos(layout, r, 0) : self._pos(layout, r, layout.width)] = True
+        if ((layout.forced < 0) & ~grid).any():
+            raise ValueError(
+                f"decoder {self.name!r} needs every position outside the code grid of "
+                f"model {adapter.name!r} to be grammar-forced"
+            )
+        if self.window > layout.n_tokens:
+            raise ValueError(
+                f"decoder.window={self.window} is larger than the {layout.n_tokens} tokens of a {adapter.name} image"
+            )
+        if self.context > layout.width:
+            raise ValueError(
+                f"decoder.context={self.context} exceeds the {layout.width} codes per row of {adapter.name}"
+            )
+
+    @staticmethod
+    def _pos(layout: ImageLayout, row: int, col: int) -> int:
+        return layout.first_code + row * layout.row_stride + col
+
+    def generate(
+        self,
+        adapter: ModelAdapter,
+        prompts: Sequence[Prompt],
+        sampling: SamplingConfig,
+        generators: Sequence[torch.Generator],
+    ) -> DecodeResult:
+        layout, device, B = adapter.layout, adapter.device, len(prompts)
+        clock = ForwardClock(adapter)
+
+        t0 = time.perf_counter()
+        logits = clock.prefill(prompts, sampling.uses_uncond)
+        first = logits_to_probs(logits, torch.zeros(B, 1, dtype=torch.long, device=device), layout, sampling)
+        first_tokens = sample_rows(first[:, 0], generators)
+        states = [self._initial_state(layout, first_tokens[b], device) for b in range(B)]
+        t_prefill = time.perf_counter() - t0
+        n_forward = [1] * B
+
+        while not all(s.complete() for s in states):
+            plans = [self.plan(s, layout, generators[b]) for b, s in enumerate(states)]
+            tokens, positions, mask = self.window_inputs(plans, states, layout.n_tokens, device)
+            keep = torch.stack([s.committed for s in states])
+            logits = clock.forward_at(tokens, positions, keep, mask)
+            p = self.target_probs(logits, positions, layout, sampling)
+            for b, (s, plan) in enumerate(zip(states, plans)):
+                if not plan:
+                    continue
+                s.accepted.append(self.verify_and_commit(s, plan, p[b], layout, generators[b]))
+                # The cache now holds a committed token's K/V only where the window wrote that very token.
+                wrote = positions[b][positions[b] >= 0].to(device)
+                s.written[wrote] = s.committed[wrote] & (s.tokens[wrote] == tokens[b, : len(wrote)])
+                n_forward[b] += 1
+
+        device_sync(device)
+        total = time.perf_counter() - t0
+        return DecodeResult(
+            tokens=torch.stack([s.tokens for s in states]).cpu(),
+            n_forward=n_forward,
+            accepted=[s.accepted for s in states],
+            prefill_s=t_prefill,
+            decode_s=total - t_prefill,
+            model_s=clock.model_s,
+        )
+
+    # -- phases --------------------------------------------------------------------------------------
+    def _initial_state(self, layout: ImageLayout, first: torch.Tensor, device: torch.device) -> RowState:
+        forced = layout.forced.to(device)
+        tokens = torch.where(forced >= 0, forced, 0)
+        tokens[0] = first
+        committed = forced >= 0
+        committed[0] = True
+        empty = torch.empty(0, dtype=torch.long, device=device)
+        H = layout.height
+        return RowState(
+            tokens=tokens,
+            committed=committed,
+            written=torch.zeros_like(committed),
+            done=[0] * H,
+            started=[True] + [False] * (H - 1),
+            carried=[empty] * H,
+            carried_q=[torch.empty(0, layout.vocab_size, device=device)] * H,
+            accepted=[int(committed.sum())],
+        )
+
+    def plan(self, s: RowState, layout: ImageLayout, generator: torch.Generator) -> list[Segment]:
+        """Start rows whose row above has enough context, then build each active row's segment."""
+        H, w = layout.height, layout.width
+        for r in range(1, H):
+            if not s.started[r] and s.started[r - 1] and s.done[r - 1] >= self.context:
+                s.started[r] = True
+        segments = []
+        # Lead-in: committed tokens whose K/V are missing and which no active row rewrites as its anchor.
+        lead = [p for p in range(layout.first_code - 1) if not s.written[p]]
+        lead += [
+            self._pos(layout, r, w - 1)
+            for r in range(H)
+            if s.done[r] == w and not s.written[self._pos(layout, r, w - 1)]
+        ]
+        if lead:
+            segments.append(Segment(row=-1, positions=lead, n_committed=len(lead)))
+        for r in range(H):
+            if not s.started[r] or s.done[r] == w:
+                continue
+            limit = w if r == 0 or s.done[r - 1] == w else s.done[r - 1]
+            n = min(self.window, limit - s.done[r])
+            if n <= 0:
+                continue  # waiting for the row above
+            start = self._pos(layout, r, s.done[r])
+            drafts, q = s.carried[r][:n], s.carried_q[r][:n]
+            if len(drafts) < n:
+                known = s.tokens.clone()
+                known[start : start + len(drafts)] = drafts
+                new = fresh_drafts(self.init, known, start + len(drafts), n - len(drafts), layout, generator)
+                drafts, q = torch.cat([drafts, new]), torch.cat([q, one_hot(new, layout.vocab_size)])
+            segments.append(
+                Segment(row=r, positions=list(range(start - 1, start + n)), n_committed=1, drafts=drafts, q=q)
+            )
+        return segments
+
+    def window_inputs(
+        self, plans: list[list[Segment]], states: list[RowState], n_tokens: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Concatenate each batch row's segments; build the row-causal window mask."""
+        W = max(1, max(sum(len(seg.positions) for seg in plan) for plan in plans))
+        B = len(plans)
+        tokens = torch.zeros(B, W, dtype=torch.long, device=device)
+        positions = torch.full((B, W), -1, dtype=torch.long)
+        segment_id = torch.full((B, W), -1, dtype=torch.long)
+        is_committed = torch.zeros(B, W, dtype=torch.bool)
+        for b, plan in enumerate(plans):
+            i = 0
+            for k, seg in enumerate(plan):
+                n = len(seg.positions)
+                positions[b, i : i + n] = torch.tensor(seg.positions)
+                tokens[b, i : i + seg.n_committed] = states[b].tokens[seg.positions[: seg.n_committed]]
+                if seg.drafts is not None:
+                    tokens[b, i + seg.n_committed : i + n] = seg.drafts
+                segment_id[b, i : i + n] = k
+                is_committed[b, i : i + seg.n_committed] = True
+                i += n
+        idx = torch.arange(W)
+        same = (segment_id[:, :, None] == segment_id[:, None, :]) & (segment_id[:, :, None] >= 0)
+        own_row = same & (idx[None, :, None] >= idx[None, None, :])
+        committed_before = is_committed[:, None, :] & (positions[:, None, :] < positions[:, :, None])
+        return tokens, positions, own_row | committed_before
+
+    def target_probs(
+        self, logits: Logits, positions: torch.Tensor, layout: ImageLayout, sampling: SamplingConfig
+    ) -> torch.Tensor:
+        """p at every slot: the distribution of the raster position after the slot's own."""
+        predicted = torch.where(positions >= 0, positions + 1, layout.n_tokens).clamp(max=layout.n_tokens)
+        return logits_to_probs(logits, predicted.to(logits.cond.device), layout, sampling)
+
+    def verify_and_commit(
+        self, s: RowState, plan: list[Segment], p: torch.Tensor, layout: ImageLayout, generator: torch.Generator
+    ) -> int:
+        """Speculative test of every row segment of one batch row; returns codes committed."""
+        w, committed_now = layout.width, 0
+        top = min((seg.row for seg in plan if seg.row >= 0), default=-1)
+        i = 0
+        for seg in plan:
+            n_in = len(seg.positions)
+            if seg.row < 0:
+                i += n_in
+                continue
+            r, n = seg.row, n_in - 1
+            p_seg = p[i : i + n_in]  # p_seg[j] predicts column done + j
+            u = torch.rand(2, n + 1, generator=generator, device=p.device)
+            result = speculative_verify(
+                p_seg[None],
+                seg.drafts[None],
+                seg.q[None],
+                torch.tensor([n], device=p.device),
+                u[0, None, :n],
+                u[0, n, None],
+            )
+            n_acc = int(result.n_accepted)
+            col = s.done[r]
+            start = self._pos(layout, r, col)
+            s.tokens[start : start + n_acc] = seg.drafts[:n_acc]
+            take = n_acc
+            if r == top and col + n_acc < w:  # top row: the residual or bonus token
+                s.tokens[start + n_acc] = result.next_token[0]
+                take += 1
+            s.committed[start : start + take] = True
+            s.done[r] = col + take
+            # Next drafts for the slots after the commit (Jacobi update with the keep threshold).
+            samples = sample_from(p_seg, u[1])
+            j = torch.arange(take, min(n + 1, w - col))
+            new_d, new_q = samples[j], p_seg[j]
+            old = j[j < n]
+            if n_acc < n and len(old):  # drafts past the first rejection
+                ratio = p_seg[old].gather(1, seg.drafts[old, None]).squeeze(1) / seg.q[old].gather(
+                    1, seg.drafts[old, None]
+                ).squeeze(1).clamp_min(1e-30)
+                keep = ratio.clamp(max=1.0) > self.keep_threshold
+                keep[old == n_acc] = False  # the rejected slot itself takes the model's sample
+                k = torch.arange(len(old))[keep]
+                new_d[k] = seg.drafts[old[keep]]
+                new_q[k] = seg.q[old[keep]]
+            s.carried[r], s.carried_q[r] = new_d, new_q
+            committed_now += take
+            i += n_in
+        return committed_now

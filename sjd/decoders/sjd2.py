@@ -1,0 +1,146 @@
+"""Speculative Jacobi-Denoising Decoding (SJD2, NeurIPS 2025; algorithms.md §5).
+
+SJD's loop on a noise-aware fine-tuned model (the `embeds` capability): window slots that have
+no draft yet enter as pure Gaussian noise in embedding space, and every draft carried to the
+next iteration enters as its token's embedding mixed with noise at a level that falls by one
+denoising step per iteration (x_t = (1 - t) e_hat + t eps, the model's own schedule), so a
+draft is refined along a denoising trajectory instead of being redrawn from scratch. Drafts are
+verified with SJD's speculative rule against the distribution they were drawn from; the first
+slot without a draft ends the verified prefix and takes a sample from p (as a bonus token).
+
+Not lossless: p at a slot is conditioned on *noisy* embeddings of the accepted drafts before
+it, not on the clean tokens. With `denoise_steps: 1` every carried draft enters clean, p is
+conditioned on clean tokens only, and the decoder is exact (SJD with a noise-initialised
+window); the tests use that to check the loop against AR.
+
+Our choices where the paper's notes leave room (conf/decoder/sjd2.yaml): `window` counts
+forward inputs as in SJD; the level falls linearly from pure noise to clean over
+`denoise_steps` iterations; fresh noise is drawn every iteration (from each row's generator);
+grammar-forced slots get the forced token, clean, with a one-hot draft distribution.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import torch
+
+from sjd.decoders.base import Decoder, DecodeResult, ForwardClock, device_sync
+from sjd.decoders.sjd import SJDDecoder, WindowState
+from sjd.models.base import EMBEDS, WINDOW, ModelAdapter, Prompt
+from sjd.sampling import SamplingConfig, logits_to_probs, sample_from, sample_rows
+from sjd.verify import verify as speculative_verify
+
+
+class SJD2Decoder(Decoder):
+    requires = frozenset({WINDOW, EMBEDS})
+    lossless = False
+
+    def __init__(
+        self, name: str = "sjd2", window: int = 32, denoise_steps: int = 2, ar_prefix: int = 1, ar_suffix: int = 0
+    ) -> None:
+        if denoise_steps < 1:
+            raise ValueError(f"decoder.denoise_steps must be >= 1, got {denoise_steps}")
+        self._windows = SJDDecoder(window=window, ar_prefix=ar_prefix, ar_suffix=ar_suffix)  # validates them
+        self.name, self.window, self.denoise_steps = name, window, denoise_steps
+        self.ar_prefix, self.ar_suffix = ar_prefix, ar_suffix
+        self.lossless = denoise_steps == 1
+
+    def check(self, adapter: ModelAdapter) -> None:
+        if EMBEDS not in adapter.capabilities:
+            raise ValueError(
+                f"decoder {self.name!r} needs model capabilities ['embeds'] (a noise-aware fine-tuned checkpoint), "
+                f"which model {adapter.name!r} does not provide (it has {sorted(adapter.capabilities)}); "
+                "on the toy use model=toy_sjd2 (scripts/finetune_sjd2.py makes its checkpoint)"
+            )
+        super().check(adapter)
+        self._windows.check(adapter)
+
+    def next_level(self, level: torch.Tensor, pure_noise: int) -> torch.Tensor:
+        step = math.ceil(pure_noise / self.denoise_steps)
+        return (level - step).clamp(min=0)
+
+    def generate(
+        self,
+        adapter: ModelAdapter,
+        prompts: Sequence[Prompt],
+        sampling: SamplingConfig,
+        generators: Sequence[torch.Generator],
+    ) -> DecodeResult:
+        layout, device, B = adapter.layout, adapter.device, len(prompts)
+        V, D, noise_level = layout.vocab_size, adapter.embed_dim, adapter.noise_levels - 1
+        clock = ForwardClock(adapter)
+        state = WindowState.empty(B, layout.n_tokens, V, device)
+        levels = [torch.empty(0, dtype=torch.long, device=device)] * B  # of the carried drafts
+        forced = layout.forced.to(device)
+
+        t0 = time.perf_counter()
+        logits = clock.prefill(prompts, sampling.uses_uncond)
+        first = logits_to_probs(logits, torch.zeros(B, 1, dtype=torch.long, device=device), layout, sampling)
+        state.tokens[:, 0] = sample_rows(first[:, 0], generators)
+        t_prefill = time.perf_counter() - t0
+
+        while True:
+            widths = [self._windows.window_for(n, layout.n_tokens) for n in state.committed]
+            if max(widths) == 0:
+                break
+            W = max(widths)
+            # -- draft: [last committed, carried drafts (noisy), forced tokens, pure noise] ------------
+            tokens = torch.zeros(B, W, dtype=torch.long, device=device)
+            in_levels = torch.full((B, W), noise_level, dtype=torch.long, device=device)
+            drafts = torch.zeros(B, max(W - 1, 0), dtype=torch.long, device=device)
+            q = torch.zeros(B, max(W - 1, 0), V, device=device)
+            n_drafts = torch.zeros(B, dtype=torch.long, device=device)
+            noise = torch.zeros(B, W, D, device=device)
+            for b in range(B):
+                n, w = state.committed[b], widths[b]
+                if w == 0:
+                    continue
+                tokens[b, 0], in_levels[b, 0] = state.tokens[b, n - 1], 0
+                k = min(len(state.carried[b]), w - 1)
+                tokens[b, 1 : 1 + k], in_levels[b, 1 : 1 + k] = state.carried[b][:k], levels[b][:k]
+                drafts[b, :k], q[b, :k] = state.carried[b][:k], state.carried_q[b][:k]
+                slot_forced = forced[n + k : n + w - 1]  # fresh slots: forced ones are known, clean
+                is_forced = slot_forced >= 0
+                tokens[b, 1 + k : w] = slot_forced.clamp(min=0)
+                in_levels[b, 1 + k : w] = torch.where(is_forced, 0, noise_level)
+                lead = int(is_forced.long().cumprod(0).sum())  # forced slots right after the drafts verify too
+                drafts[b, k : k + lead] = slot_forced[:lead]
+                q[b, k : k + lead] = torch.nn.functional.one_hot(slot_forced[:lead], V).float()
+                n_drafts[b] = k + lead
+                noise[b, :w] = torch.randn(w, D, generator=generators[b], device=device)
+            # -- forward the noisy window ----------------------------------------------------------------
+            embeds = adapter.embed(tokens, in_levels, noise)
+            logits = clock.forward_embeds(embeds, in_levels, [n - 1 for n in state.committed])
+            positions = torch.as_tensor(state.committed, device=device)[:, None] + torch.arange(W, device=device)
+            p = logits_to_probs(logits, positions, layout, sampling)
+            # -- verify: speculative rule up to the first slot without a draft ---------------------------
+            u = torch.zeros(B, 2, W, device=device)
+            for b, (g, w) in enumerate(zip(generators, widths)):
+                if w:
+                    u[b, :, :w] = torch.rand(2, w, generator=g, device=device)
+            u_final = u[:, 0].gather(1, n_drafts[:, None]).squeeze(1)
+            result = speculative_verify(p, drafts, q, n_drafts, u[:, 0, :-1], u_final)
+            samples = sample_from(p, u[:, 1])
+            # -- commit, and carry the model's samples one denoising step cleaner ------------------------
+            state.commit(result, drafts, samples, p, widths)
+            for b in range(B):
+                if widths[b] == 0:
+                    continue
+                take = state.accepted[b][-1]
+                old = in_levels[b, take + 1 : widths[b] + 1]  # the level each carried position entered at
+                old = torch.cat([old, torch.full((len(state.carried[b]) - len(old),), noise_level, device=device)])
+                levels[b] = self.next_level(old, noise_level)
+
+        device_sync(device)
+        total = time.perf_counter() - t0
+        return DecodeResult(
+            tokens=state.tokens.cpu(),
+            n_forward=state.n_forward,
+            accepted=state.accepted,
+            prefill_s=t_prefill,
+            decode_s=total - t_prefill,
+            model_s=clock.model_s,
+        )
