@@ -10,6 +10,7 @@ from hydra.utils import get_class, instantiate
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
 DECODERS = sorted(p.stem for p in (ROOT / "conf" / "decoder").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -20,6 +21,16 @@ def test_every_model_and_decoder_composes(compose_cfg, model, decoder):
     assert cfg.baseline.name == "ar"
     d = instantiate(cfg.decoder)
     assert d.name == decoder
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_builds_its_decoders(compose_cfg, experiment):
+    from sjd.runner import build_decoders
+
+    cfg = compose_cfg([f"experiment={experiment}"])
+    assert cfg.experiment_name == experiment
+    decoders, baseline = build_decoders(cfg)
+    assert baseline == "ar" and decoders[0].name == "ar"
 
 
 def test_default_config_is_toy_sjd_against_ar(compose_cfg):
