@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+SUMMARY_METRICS = ("step_compression", "latency_s", "latency_speedup", "n_forward", "mean_accepted", "fid", "clip")
+
 
 class CSVLogger:
     def log_run(self, run_dir: Path, summary: pd.DataFrame, samples: pd.DataFrame, config: dict) -> None:
@@ -35,7 +37,7 @@ class WandbLogger:
 
         run = wandb.init(
             project=self.project,
-            group=self.group,
+            group=self.group or config.get("experiment_name"),  # a study's runs side by side
             name=run_dir.name,
             config=config,
             dir=str(run_dir),
@@ -45,8 +47,9 @@ class WandbLogger:
         try:
             for _, row in summary.iterrows():
                 d = row["decoder"]
-                for key in ("step_compression", "latency_s", "latency_speedup", "n_forward", "mean_accepted"):
-                    run.summary[f"{d}/{key}"] = float(row[key])
+                for key in SUMMARY_METRICS:
+                    if key in row and pd.notna(row[key]):
+                        run.summary[f"{d}/{key}"] = float(row[key])
                 hist = {int(k): v for k, v in json.loads(row["accept_hist"]).items()}
                 lengths = [k for k, v in hist.items() for _ in range(v)]
                 run.log({f"{d}/accepted_length": wandb.Histogram(lengths)})

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -24,7 +25,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from sjd.decoders.base import Decoder
+from sjd.decoders.base import Decoder, device_sync
+from sjd.eval.quality import check_eval, evaluate
 from sjd.models.base import ModelAdapter, Prompt
 from sjd.plots import accept_histograms
 from sjd.prompts import load_prompt_set, resolve_path
@@ -69,6 +71,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
     sampling = SamplingConfig(**OmegaConf.to_container(cfg.model.sampling))
     decoders, baseline = build_decoders(cfg)
     prompt_set = load_prompt_set(**OmegaConf.to_container(cfg.prompts))
+    eval_cfg = check_eval(cfg.get("eval"))
 
     device = pick_device(cfg.device)
     adapter: ModelAdapter = instantiate(cfg.model.adapter, device=device)
@@ -108,7 +111,10 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
             reset_peak_memory(adapter.device)
             result = d.generate(adapter, group, sampling, make_generators(cfg.seed, ids, adapter.device))
             mem, mem_kind = peak_memory_mb(adapter.device)
+            t_images = time.perf_counter()
             images = adapter.decode_images(result.tokens) if cfg.save_images else None
+            device_sync(adapter.device)
+            image_decode_s = (time.perf_counter() - t_images) / len(group) if cfg.save_images else float("nan")
             for b, prompt in enumerate(group):
                 writer.write(
                     {
@@ -122,6 +128,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
                         "prefill_s": result.prefill_s,
                         "decode_s": result.decode_s,
                         "model_s": result.model_s,
+                        "image_decode_s": image_decode_s,
                         "batch_size": len(group),
                         "peak_mem_mb": mem,
                         "peak_mem_kind": mem_kind,
@@ -136,6 +143,9 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
 
     samples = read_samples(run_dir)
     summary = summarize(samples, baseline, meta)
+    quality = evaluate(eval_cfg, samples, adapter, resolve_path("outputs/cache"))
+    if len(quality):
+        summary = summary.merge(quality, on="decoder", how="left")
     write_summary(summary, run_dir)
     accept_histograms(summary, run_dir / "accept_hist.png")
     if cfg.save_images:
@@ -146,6 +156,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
     logger = instantiate(cfg.logger)
     logger.log_run(run_dir, summary, samples, OmegaConf.to_container(cfg, resolve=True))
 
-    table = summary[TABLE_COLUMNS].to_string(index=False, float_format=lambda x: f"{x:.3f}")
+    shown = TABLE_COLUMNS + [c for c in ("fid", "clip") if c in summary.columns]
+    table = summary[shown].to_string(index=False, float_format=lambda x: f"{x:.3f}")
     print(f"\n{adapter.name} on {prompt_set.name} ({prompt_set.selection}), run dir {run_dir}\n{table}")
     return summary
