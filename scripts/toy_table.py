@@ -5,6 +5,7 @@
 1. runs `experiment=toy_decoders` (AR baseline + every decoder, interleaved, same prompts) and
    `experiment=toy_sjd2` (SJD2 on its noise-aware fine-tune, with AR and SJD on that model):
    steps, step compression, latency speedup vs AR of the same model;
+   FID (toy feature network, held-out real toy images) and CLIP score (toy CLIP) per decoder;
 2. audits each decoder against AR of its model: n-audit samples each for one caption,
    per-position two-sample chi-square (Bonferroni) and mean per-position TV distance, with AR
    against AR (two halves) as the noise floor;
@@ -89,6 +90,8 @@ def table_rows(cfg, run_dir: Path, n: int) -> list[dict]:
                 "step_compression": s["step_compression"],
                 "latency_s": s["latency_s"],
                 "latency_speedup": s["latency_speedup"],
+                "fid": s.get("fid", float("nan")),
+                "clip": s.get("clip", float("nan")),
                 "audit_tv": audit.tv_distance,
                 "audit_p": audit.p_value,
                 "ar_noise_tv": noise.tv_distance,
