@@ -9,7 +9,8 @@
 2. audits each decoder against AR of its model: n-audit samples each for one caption,
    per-position two-sample chi-square (Bonferroni) and mean per-position TV distance, with AR
    against AR (two halves) as the noise floor;
-3. writes results/toy_table1.csv and results/toy_table1.md.
+3. writes results/toy_table1.csv and results/toy_table1.md, and results/toy_quality_vs_speedup.png
+   (FID and CLIP against latency speedup, one point per decoder).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from sjd.audit import draw_samples, marginal_test  # noqa: E402
 from sjd.config import register_resolvers  # noqa: E402
 from sjd.decoders.ar import ARDecoder  # noqa: E402
+from sjd.plots import quality_vs_speedup  # noqa: E402
 from sjd.results import markdown_table  # noqa: E402
 from sjd.runner import build_decoders, run  # noqa: E402
 from sjd.sampling import SamplingConfig  # noqa: E402
@@ -61,6 +63,7 @@ def main() -> None:
         + markdown_table(table.drop(columns=["prompts"]))
         + "\n"
     )
+    quality_vs_speedup(table, ROOT / "results" / "toy_quality_vs_speedup.png")
     print(table.to_string(index=False))
 
 

@@ -45,3 +45,27 @@ def window_sweep(table: pd.DataFrame, out: Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def quality_vs_speedup(table: pd.DataFrame, out: Path) -> Path:
+    """FID and CLIP score against latency speedup, one point per decoder (and model)."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for ax, metric, better in ((axes[0], "fid", "lower is better"), (axes[1], "clip", "higher is better")):
+        for _, row in table.iterrows():
+            label = (
+                row["decoder"]
+                if "model" not in row or row["model"] == table["model"].iloc[0]
+                else (f"{row['decoder']} ({row['model']})")
+            )
+            marker = "o" if row.get("lossless_expected", True) else "x"
+            ax.scatter(row["latency_speedup"], row[metric], marker=marker)
+            ax.annotate(label, (row["latency_speedup"], row[metric]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")  # fmt: skip
+        ax.set_xlabel("latency speedup vs AR (same model, same run)")
+        ax.set_ylabel(f"{metric.upper()} ({better})")
+        ax.grid(alpha=0.3)
+    axes[0].set_title("o lossless, x lossy", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

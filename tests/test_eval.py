@@ -134,3 +134,14 @@ def test_eval_configs_fail_before_any_model_with_the_key_to_set(compose_cfg, tmp
     cfg = compose_cfg(["eval=toy", f"eval.fid.reference={tmp_path / 'nope.npz'}"])
     with pytest.raises(FileNotFoundError, match="eval.fid.reference"):
         check_eval(cfg.eval)
+
+
+def test_quality_vs_speedup_plot(tmp_path):
+    from sjd.plots import quality_vs_speedup
+
+    table = pd.DataFrame(
+        {"model": ["toy"] * 3, "decoder": ["ar", "sjd", "pjd"], "latency_speedup": [1.0, 3.2, 3.0],
+         "fid": [1.0, 1.1, 2.5], "clip": [30.0, 30.1, 28.0], "lossless_expected": [True, True, False]}
+    )  # fmt: skip
+    out = quality_vs_speedup(table, tmp_path / "q.png")
+    assert out.stat().st_size > 1000
