@@ -60,6 +60,23 @@ class SampleWriter:
         return out
 
 
+def finished_samples(run_dir: Path) -> set[tuple[str, str]]:
+    """(decoder, prompt_id) of every complete line of samples.jsonl. A run killed while writing
+    can leave a half line at the end: it is cut off, so the resumed run appends cleanly."""
+    path = run_dir / "samples.jsonl"
+    if not path.is_file():
+        return set()
+    data = path.read_bytes()
+    good = data[: data.rfind(b"\n") + 1]  # everything up to the last newline is whole lines
+    if len(good) != len(data):
+        path.write_bytes(good)
+    done = set()
+    for line in good.decode("utf-8").splitlines():
+        record = json.loads(line)
+        done.add((record["decoder"], str(record["prompt_id"])))
+    return done
+
+
 def read_samples(run_dir: Path) -> pd.DataFrame:
     return pd.read_json(run_dir / "samples.jsonl", lines=True, dtype={"prompt_id": str})
 

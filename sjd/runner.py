@@ -14,6 +14,7 @@ Order of work, so that bad input fails before anything expensive and nothing fin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -31,7 +32,15 @@ from sjd.models.base import ModelAdapter, Prompt
 from sjd.plots import accept_histograms
 from sjd.prompts import load_prompt_set, resolve_path
 from sjd.provenance import git_hash, make_generators, peak_memory_mb, prompt_seed, reset_peak_memory, versions
-from sjd.results import SampleWriter, append_results_row, make_grid, read_samples, summarize, write_summary
+from sjd.results import (
+    SampleWriter,
+    append_results_row,
+    finished_samples,
+    make_grid,
+    read_samples,
+    summarize,
+    write_summary,
+)
 from sjd.sampling import SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -57,6 +66,32 @@ def build_decoders(cfg: DictConfig) -> tuple[list[Decoder], str | None]:
     if len(set(names)) != len(names):
         raise ValueError(f"decoder names must be unique within a run, got {names}")
     return decoders, (baseline.name if baseline is not None else None)
+
+
+def config_fingerprint(cfg: DictConfig) -> str:
+    """What decides a run's samples: model, decoders, prompts, sampling, seed. Not the batch size:
+    a prompt's tokens do not depend on its batch, so a run may resume with a smaller one."""
+    keys = ("model", "decoder", "baseline", "extra_decoders", "prompts", "seed")
+    picked = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg.get(k)) else cfg.get(k)
+              for k in keys}  # fmt: skip
+    return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def resume_point(run_dir: Path, fingerprint: str) -> set[tuple[str, str]]:
+    """The (decoder, prompt) pairs already finished in `run_dir` by a run of the same config.
+    A run directory holding another config's samples is refused: mixing them would be wrong."""
+    meta_file = run_dir / "meta.json"
+    if not (run_dir / "samples.jsonl").is_file():
+        return set()
+    old = json.loads(meta_file.read_text()).get("config_fingerprint") if meta_file.is_file() else None
+    if old != fingerprint:
+        raise ValueError(
+            f"{run_dir} holds samples of a different run config (fingerprint {old}, this run {fingerprint}); "
+            "refusing to mix them. Start fresh with another hydra.run.dir=..., or delete that directory."
+        )
+    done = finished_samples(run_dir)
+    log.info("resuming %s: %d samples already finished", run_dir, len(done))
+    return done
 
 
 def batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
@@ -94,6 +129,8 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
         "versions": versions(),
         "experiment": cfg.get("experiment_name"),
     }
+    meta["config_fingerprint"] = config_fingerprint(cfg)
+    done = resume_point(run_dir, meta["config_fingerprint"])
     (run_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
 
     groups = batches(prompt_set.prompts, cfg.batch_size)
@@ -104,12 +141,25 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
 
     writer = SampleWriter(run_dir)
     progress = tqdm(total=len(prompt_set.prompts) * len(decoders), desc="decoding", unit="image", disable=None)
-    for i, group in enumerate(groups):
+    progress.update(len(done))
+    for i, full_group in enumerate(groups):
         order = decoders if i % 2 == 0 else decoders[::-1]
         for d in order:
+            # Resuming: only the prompts this decoder has not finished. A prompt's tokens do not
+            # depend on its batch, so the resumed run ends with the same samples.
+            group = [p for p in full_group if (d.name, p.prompt_id) not in done]
+            if not group:
+                continue
             ids = [p.prompt_id for p in group]
             reset_peak_memory(adapter.device)
-            result = d.generate(adapter, group, sampling, make_generators(cfg.seed, ids, adapter.device))
+            try:
+                result = d.generate(adapter, group, sampling, make_generators(cfg.seed, ids, adapter.device))
+            except torch.cuda.OutOfMemoryError as e:
+                raise RuntimeError(
+                    f"out of GPU memory decoding prompts {ids} with decoder {d.name!r} (batch_size={cfg.batch_size}, "
+                    f"window={getattr(d, 'window', None)}). Finished samples are kept in {run_dir / 'samples.jsonl'}; "
+                    f"rerun the same command with hydra.run.dir={run_dir} and a smaller batch_size to resume."
+                ) from e
             mem, mem_kind = peak_memory_mb(adapter.device)
             t_images = time.perf_counter()
             images = adapter.decode_images(result.tokens) if cfg.save_images else None

@@ -38,6 +38,20 @@ def device_sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def check_finite(logits: Logits, model: str, prompt_ids: Sequence[str], step: int) -> None:
+    """A NaN or inf logit would silently turn into a wrong token; stop and name where it came from."""
+    for branch, t in (("conditional", logits.cond), ("unconditional", logits.uncond)):
+        if t is None:
+            continue
+        bad = (~torch.isfinite(t)).flatten(1).any(1)
+        if bool(bad.any()):
+            rows = [prompt_ids[i] if i < len(prompt_ids) else str(i) for i in bad.nonzero().flatten().tolist()]
+            raise FloatingPointError(
+                f"model {model!r} returned NaN/inf {branch} logits for prompt(s) {rows} at forward {step} "
+                "(1 = prefill); samples finished before this batch are kept"
+            )
+
+
 class ForwardClock:
     """Counts and times the model calls of one generate(), so decoder bookkeeping is visible.
 
@@ -48,6 +62,7 @@ class ForwardClock:
         self.adapter = adapter
         self.model_s = 0.0
         self.calls = 0
+        self.prompt_ids: list[str] = []
 
     def _timed(self, fn, *args) -> Logits:
         if self.adapter.device.type == "cuda":  # CUDA events: the GPU's own clock around the call
@@ -62,9 +77,11 @@ class ForwardClock:
             out = fn(*args)
             self.model_s += time.perf_counter() - t0
         self.calls += 1
+        check_finite(out, self.adapter.name, self.prompt_ids, self.calls)
         return out
 
     def prefill(self, prompts: Sequence[Prompt], with_uncond: bool) -> Logits:
+        self.prompt_ids = [p.prompt_id for p in prompts]
         return self._timed(self.adapter.prefill, prompts, with_uncond)
 
     def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:

@@ -20,7 +20,9 @@ Our choices where the official code leaves room (config in conf/decoder/pjd.yaml
 - Positions outside the code grid must be grammar-forced (begin/end of image, size tokens,
   end-of-line): they are known in advance. Row r's first anchor is the end-of-line token of
   row r-1, written when row r starts (the official "append EOL" step); prefix tokens are written
-  by the first forward. A layout without end-of-line tokens has no such anchor and is refused.
+  by the first forward; when the stream starts with the first code (Emu3: begin-of-image is in
+  the prompt) that code is sampled from the prefill, as in AR. A layout without end-of-line
+  tokens (Janus, LlamaGen) has no such anchor and is refused.
 - A row completed by a residual/bonus token writes that token's K/V in the next forward.
 - Fresh drafts use sjd.drafts (`init`): `vertical` copies the committed token above.
 - `accepted` records codes committed per forward (the prefill entry counts the forced tokens).
@@ -167,11 +169,14 @@ class PJDDecoder(Decoder):
         committed[0] = True
         empty = torch.empty(0, dtype=torch.long, device=device)
         H = layout.height
+        # Position 0 comes from the prefill, as in AR; when it is already the first code (the
+        # begin-of-image token sits in the prompt), row 0 starts with one code done.
+        done = [1 if layout.first_code == 0 else 0] + [0] * (H - 1)
         return RowState(
             tokens=tokens,
             committed=committed,
             written=torch.zeros_like(committed),
-            done=[0] * H,
+            done=done,
             started=[True] + [False] * (H - 1),
             carried=[empty] * H,
             carried_q=[torch.empty(0, layout.vocab_size, device=device)] * H,

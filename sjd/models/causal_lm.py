@@ -1,8 +1,12 @@
 """Protocol plumbing shared by adapters whose model is a transformers causal LM over ids.
 
-Subclasses provide the prompt ids (conditional rows, then unconditional rows for CFG, all of
-one length), the layout and image decoding; this class runs prefill and windows through the
-ragged cache and splits the CFG rows, so every such model is driven the same way.
+Subclasses provide the prompt ids (conditional rows, then unconditional rows for CFG), the
+layout and image decoding; this class runs prefill and windows through the ragged cache and
+splits the CFG rows, so every such model is driven the same way. Rows of one length come from
+`prompt_ids`; an adapter whose rows differ in length (e.g. a real negative prompt) overrides
+`prompt_batch` to return left-padded ids plus each row's length, and the pad slots become
+holes of the ragged cache, never attended to, with positions counted from each row's first
+real token.
 """
 
 from __future__ import annotations
@@ -24,13 +28,30 @@ class CausalLMAdapter(ModelAdapter):
     def prompt_ids(self, prompts: Sequence[Prompt], with_uncond: bool) -> torch.Tensor:
         """[B or 2B, T] ids: conditional rows, then (with CFG) unconditional rows."""
 
+    def prompt_batch(self, prompts: Sequence[Prompt], with_uncond: bool) -> tuple[torch.Tensor, list[int]]:
+        """Left-padded ids [rows, T] and each row's prompt length. By default every row of
+        `prompt_ids` is a full-length prompt."""
+        ids = self.prompt_ids(prompts, with_uncond)
+        return ids, [ids.shape[1]] * ids.shape[0]
+
     @torch.no_grad()
     def prefill(self, prompts: Sequence[Prompt], with_uncond: bool) -> Logits:
-        ids = self.prompt_ids(prompts, with_uncond).to(self.device)
+        ids, lengths = self.prompt_batch(prompts, with_uncond)
+        ids = ids.to(self.device)
         self._with_uncond = with_uncond
-        self._cache = RaggedCache(self.model.config, [ids.shape[1]] * ids.shape[0], int(with_uncond))
-        out = self._run(ids, cache=self._cache.cache, use_cache=True, logits_to_keep=1)
+        self._cache = RaggedCache(self.model.config, lengths, int(with_uncond))
+        kwargs = {} if self._cache.uniform_prompt else self._padded_prompt_kwargs()
+        out = self._run(ids, cache=self._cache.cache, use_cache=True, logits_to_keep=1, **kwargs)
         return self._split(out.logits)
+
+    def _padded_prompt_kwargs(self) -> dict:
+        """Positions and mask for a left-padded prompt: each row's real tokens sit at 0..len-1
+        and attend causally to each other only. A pad query attends to itself alone, so no
+        softmax row is empty (no NaN reaches the cached keys and values)."""
+        pos = self._cache.slot_pos  # [rows, T], -1 at the left padding
+        mask = (pos >= 0)[:, None, :] & (pos[:, None, :] <= pos[:, :, None])
+        mask |= torch.eye(pos.shape[1], dtype=torch.bool)
+        return {"position_ids": pos.clamp(min=0).to(self.device), "attention_mask": mask[:, None].to(self.device)}
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:
