@@ -1,9 +1,11 @@
 """Every model x decoder composes; unknown names get Hydra's own error listing the options."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from hydra.utils import get_class, instantiate
 
@@ -47,3 +49,22 @@ def test_unknown_names_list_the_options(group, name):
     assert proc.returncode != 0
     assert f"Could not find '{group}/{name}'" in proc.stderr
     assert "Available options" in proc.stderr and ("toy" in proc.stderr or "sjd" in proc.stderr)
+
+
+def test_a_sweep_through_the_submitit_local_launcher_is_collected(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "--multirun", "hydra/launcher=local", f"hydra.sweep.dir={sweep}",
+         "decoder.window=4,8", "prompts.n=1", "warmup=0", "save_images=false", "results_csv=null", "eval=none"],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(sweep.glob(".submitit/*"))  # the jobs went through submitit
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "collect_sweep.py"), str(sweep)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    table = pd.read_csv(sweep / "sweep.csv")
+    assert len(table) == 4 and table["job"].nunique() == 2  # AR + SJD per job
+    windows = {json.loads(c)["sjd"]["window"] for c in table["decoder_configs"]}
+    assert windows == {4, 8}
