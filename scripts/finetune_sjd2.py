@@ -100,10 +100,13 @@ def main() -> None:
     model.eval()
     with torch.no_grad():
         held = [make_batch(vocab, data_seed, HELDOUT_INDEX + i, 64, 0.0) for i in range(4)]
-        clean = [noisy_loss(model, b, torch.zeros(b.shape[0], b.shape[1] - 1, dtype=torch.long), None).item()
-                 for b in held]
-        noisy = [noisy_loss(model, b, *noise_plan(b, args.seed, HELDOUT_INDEX + i, args.max_segment, 0.0)).item()
-                 for i, b in enumerate(held)]
+        clean = [
+            noisy_loss(model, b, torch.zeros(b.shape[0], b.shape[1] - 1, dtype=torch.long), None).item() for b in held
+        ]
+        noisy = [
+            noisy_loss(model, b, *noise_plan(b, args.seed, HELDOUT_INDEX + i, args.max_segment, 0.0)).item()
+            for i, b in enumerate(held)
+        ]
     meta = {
         "base": str(args.base.relative_to(ROOT)) if args.base.is_relative_to(ROOT) else str(args.base),
         "train": {
