@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from sjd.decoders.base import Decoder, DecodeResult, ForwardClock, device_sync
-from sjd.decoders.sjd import SJDDecoder, WindowState
+from sjd.decoders.sjd import SJDDecoder, WindowState, draw_uniforms
 from sjd.models.base import EMBEDS, WINDOW, ModelAdapter, Prompt
 from sjd.sampling import SamplingConfig, logits_to_probs, sample_from, sample_rows
 from sjd.verify import verify as speculative_verify
@@ -117,13 +117,10 @@ class SJD2Decoder(Decoder):
             positions = torch.as_tensor(state.committed, device=device)[:, None] + torch.arange(W, device=device)
             p = logits_to_probs(logits, positions, layout, sampling)
             # -- verify: speculative rule up to the first slot without a draft ---------------------------
-            u = torch.zeros(B, 2, W, device=device)
-            for b, (g, w) in enumerate(zip(generators, widths)):
-                if w:
-                    u[b, :, :w] = torch.rand(2, w, generator=g, device=device)
-            u_final = u[:, 0].gather(1, n_drafts[:, None]).squeeze(1)
-            result = speculative_verify(p, drafts, q, n_drafts, u[:, 0, :-1], u_final)
-            samples = sample_from(p, u[:, 1])
+            u_accept, u_jacobi = draw_uniforms(generators, widths, W, device)
+            u_final = u_accept.gather(1, n_drafts[:, None]).squeeze(1)
+            result = speculative_verify(p, drafts, q, n_drafts, u_accept[:, :-1], u_final)
+            samples = sample_from(p, u_jacobi)
             # -- commit, and carry the model's samples one denoising step cleaner ------------------------
             state.commit(result, drafts, samples, p, widths)
             for b in range(B):
