@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sjd.models.base import WINDOW, Logits, ModelAdapter, Prompt
-from sjd.sampling import SamplingConfig
+from sjd.sampling import SamplingConfig, logits_to_probs, sample_rows
 
 
 @dataclass
@@ -83,6 +83,30 @@ class ForwardClock:
     def prefill(self, prompts: Sequence[Prompt], with_uncond: bool) -> Logits:
         self.prompt_ids = [p.prompt_id for p in prompts]
         return self._timed(self.adapter.prefill, prompts, with_uncond)
+
+    def start(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig, generators: Sequence[torch.Generator]
+    ) -> torch.Tensor:
+        """Start the clock, prefill, and sample generated position 0 of every row as AR does."""
+        self.t0 = time.perf_counter()
+        logits = self.prefill(prompts, sampling.uses_uncond)
+        zero = torch.zeros(len(prompts), 1, dtype=torch.long, device=self.adapter.device)
+        first = sample_rows(logits_to_probs(logits, zero, self.adapter.layout, sampling)[:, 0], generators)
+        self.t_prefill = time.perf_counter() - self.t0
+        return first
+
+    def finish(self, tokens: torch.Tensor, n_forward: list[int], accepted: list[list[int]]) -> DecodeResult:
+        """Stop the clock (after the device is idle) and package the result."""
+        device_sync(self.adapter.device)
+        total = time.perf_counter() - self.t0
+        return DecodeResult(
+            tokens=tokens.cpu(),
+            n_forward=n_forward,
+            accepted=accepted,
+            prefill_s=self.t_prefill,
+            decode_s=total - self.t_prefill,
+            model_s=self.model_s,
+        )
 
     def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:
         return self._timed(self.adapter.forward, tokens, start)

@@ -30,16 +30,15 @@ Our choices where the official code leaves room (config in conf/decoder/pjd.yaml
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from sjd.decoders.base import Decoder, DecodeResult, ForwardClock, device_sync
+from sjd.decoders.base import Decoder, DecodeResult, ForwardClock
 from sjd.drafts import SCHEMES, fresh_drafts, one_hot
 from sjd.models.base import CUSTOM_MASK, WINDOW, ImageLayout, Logits, ModelAdapter, Prompt
-from sjd.sampling import SamplingConfig, logits_to_probs, sample_from, sample_rows
+from sjd.sampling import SamplingConfig, logits_to_probs, sample_from
 from sjd.verify import verify as speculative_verify
 
 
@@ -126,12 +125,8 @@ class PJDDecoder(Decoder):
         layout, device, B = adapter.layout, adapter.device, len(prompts)
         clock = ForwardClock(adapter)
 
-        t0 = time.perf_counter()
-        logits = clock.prefill(prompts, sampling.uses_uncond)
-        first = logits_to_probs(logits, torch.zeros(B, 1, dtype=torch.long, device=device), layout, sampling)
-        first_tokens = sample_rows(first[:, 0], generators)
+        first_tokens = clock.start(prompts, sampling, generators)
         states = [self._initial_state(layout, first_tokens[b], device) for b in range(B)]
-        t_prefill = time.perf_counter() - t0
         n_forward = [1] * B
 
         while not all(s.complete() for s in states):
@@ -149,16 +144,7 @@ class PJDDecoder(Decoder):
                 s.written[wrote] = s.committed[wrote] & (s.tokens[wrote] == tokens[b, : len(wrote)])
                 n_forward[b] += 1
 
-        device_sync(device)
-        total = time.perf_counter() - t0
-        return DecodeResult(
-            tokens=torch.stack([s.tokens for s in states]).cpu(),
-            n_forward=n_forward,
-            accepted=[s.accepted for s in states],
-            prefill_s=t_prefill,
-            decode_s=total - t_prefill,
-            model_s=clock.model_s,
-        )
+        return clock.finish(torch.stack([s.tokens for s in states]), n_forward, [s.accepted for s in states])
 
     # -- phases --------------------------------------------------------------------------------------
     def _initial_state(self, layout: ImageLayout, first: torch.Tensor, device: torch.device) -> RowState:

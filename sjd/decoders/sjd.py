@@ -20,16 +20,15 @@ Choices where the paper leaves room (all config, see conf/decoder/sjd.yaml):
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from sjd.decoders.base import WINDOW_CAPABILITY, Decoder, DecodeResult, ForwardClock, device_sync
+from sjd.decoders.base import WINDOW_CAPABILITY, Decoder, DecodeResult, ForwardClock
 from sjd.drafts import SCHEMES, fresh_drafts, one_hot
 from sjd.models.base import ImageLayout, ModelAdapter, Prompt
-from sjd.sampling import SamplingConfig, logits_to_probs, sample_from, sample_rows
+from sjd.sampling import SamplingConfig, logits_to_probs, sample_from
 from sjd.verify import VerifyResult
 from sjd.verify import verify as speculative_verify
 
@@ -77,12 +76,7 @@ class SJDDecoder(Decoder):
         clock = ForwardClock(adapter)
         state = WindowState.empty(B, layout.n_tokens, layout.vocab_size, device)
 
-        # -- prefill: the first token is sampled as in AR ------------------------------------------
-        t0 = time.perf_counter()
-        logits = clock.prefill(prompts, sampling.uses_uncond)
-        first = logits_to_probs(logits, torch.zeros(B, 1, dtype=torch.long, device=device), layout, sampling)
-        state.tokens[:, 0] = sample_rows(first[:, 0], generators)
-        t_prefill = time.perf_counter() - t0
+        state.tokens[:, 0] = clock.start(prompts, sampling, generators)  # prefill: the first token as in AR
 
         while True:
             widths = [self.window_for(n, layout.n_tokens) for n in state.committed]
@@ -98,16 +92,7 @@ class SJDDecoder(Decoder):
             result, samples = self.verify(p, drafts, q, widths, generators)
             state.commit(result, drafts, samples, p, widths)
 
-        device_sync(device)
-        total = time.perf_counter() - t0
-        return DecodeResult(
-            tokens=state.tokens.cpu(),
-            n_forward=state.n_forward,
-            accepted=state.accepted,
-            prefill_s=t_prefill,
-            decode_s=total - t_prefill,
-            model_s=clock.model_s,
-        )
+        return clock.finish(state.tokens, state.n_forward, state.accepted)
 
     # -- phases --------------------------------------------------------------------------------------
     def draft(

@@ -22,15 +22,14 @@ grammar-forced slots get the forced token, clean, with a one-hot draft distribut
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 
 import torch
 
-from sjd.decoders.base import Decoder, DecodeResult, ForwardClock, device_sync
+from sjd.decoders.base import Decoder, DecodeResult, ForwardClock
 from sjd.decoders.sjd import SJDDecoder, WindowState, draw_uniforms
 from sjd.models.base import EMBEDS, WINDOW, ModelAdapter, Prompt
-from sjd.sampling import SamplingConfig, logits_to_probs, sample_from, sample_rows
+from sjd.sampling import SamplingConfig, logits_to_probs, sample_from
 from sjd.verify import verify as speculative_verify
 
 
@@ -76,11 +75,7 @@ class SJD2Decoder(Decoder):
         levels = [torch.empty(0, dtype=torch.long, device=device)] * B  # of the carried drafts
         forced = layout.forced.to(device)
 
-        t0 = time.perf_counter()
-        logits = clock.prefill(prompts, sampling.uses_uncond)
-        first = logits_to_probs(logits, torch.zeros(B, 1, dtype=torch.long, device=device), layout, sampling)
-        state.tokens[:, 0] = sample_rows(first[:, 0], generators)
-        t_prefill = time.perf_counter() - t0
+        state.tokens[:, 0] = clock.start(prompts, sampling, generators)
 
         while True:
             widths = [self._windows.window_for(n, layout.n_tokens) for n in state.committed]
@@ -131,13 +126,4 @@ class SJD2Decoder(Decoder):
                 old = torch.cat([old, torch.full((len(state.carried[b]) - len(old),), noise_level, device=device)])
                 levels[b] = self.next_level(old, noise_level)
 
-        device_sync(device)
-        total = time.perf_counter() - t0
-        return DecodeResult(
-            tokens=state.tokens.cpu(),
-            n_forward=state.n_forward,
-            accepted=state.accepted,
-            prefill_s=t_prefill,
-            decode_s=total - t_prefill,
-            model_s=clock.model_s,
-        )
+        return clock.finish(state.tokens, state.n_forward, state.accepted)
