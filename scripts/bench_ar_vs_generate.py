@@ -19,10 +19,14 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import sjd  # noqa: E402, F401  (first: it mends torchvision's import on the CPU torch, which transformers triggers)
+
+# isort: split
+from transformers import LogitsProcessor, LogitsProcessorList  # noqa: E402
+
 from sjd.decoders.ar import ARDecoder  # noqa: E402
 from sjd.models.base import Logits  # noqa: E402
 from sjd.models.toy import ToyAdapter  # noqa: E402

@@ -1,8 +1,10 @@
 """Run outputs: samples.jsonl (incremental), images, grid.png, summary.csv/json, results row.
 
 samples.jsonl is the source of truth: one line per prompt per decoder, appended and flushed
-as soon as the prompt is done, so an interrupted run keeps what it finished. The summary is
-computed from those lines at the end with pandas.
+as soon as the prompt is done, so an interrupted run keeps what it finished. Under torchrun each
+rank appends to its own samples.rank{r}.jsonl instead; at the end `merge_samples` gathers every
+sample file into samples.jsonl, one line per (decoder, prompt) in prompt order, whatever the
+number of ranks. The summary is computed from those lines with pandas.
 """
 
 from __future__ import annotations
@@ -36,11 +38,25 @@ SUMMARY_COLUMNS = [
 ]
 
 
+MERGED = "samples.jsonl"
+
+
+def shard_file(run_dir: Path, rank: int) -> Path:
+    """Where rank `rank` of a torchrun run appends its samples."""
+    return run_dir / f"samples.rank{rank}.jsonl"
+
+
+def sample_files(run_dir: Path) -> list[Path]:
+    """samples.jsonl and every rank's shard (of this run or of an earlier one with other ranks)."""
+    files = [run_dir / MERGED] + sorted(run_dir.glob("samples.rank*.jsonl"))
+    return [f for f in files if f.is_file()]
+
+
 class SampleWriter:
     """Appends one JSON line per finished sample; each line is written whole and flushed."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / "samples.jsonl"
+    def __init__(self, run_dir: Path, path: Path | None = None) -> None:
+        self.path = path or run_dir / MERGED
         self.images = run_dir / "images"
         self.images.mkdir(parents=True, exist_ok=True)
 
@@ -60,21 +76,58 @@ class SampleWriter:
         return out
 
 
-def finished_samples(run_dir: Path) -> set[tuple[str, str]]:
-    """(decoder, prompt_id) of every complete line of samples.jsonl. A run killed while writing
-    can leave a half line at the end: it is cut off, so the resumed run appends cleanly."""
-    path = run_dir / "samples.jsonl"
-    if not path.is_file():
-        return set()
+def _whole_lines(path: Path, repair: bool) -> list[str]:
+    """The complete lines of a sample file. A run killed while writing can leave a half line at
+    the end: with `repair` it is cut off, so the resumed run appends cleanly."""
     data = path.read_bytes()
     good = data[: data.rfind(b"\n") + 1]  # everything up to the last newline is whole lines
-    if len(good) != len(data):
+    if repair and len(good) != len(data):
         path.write_bytes(good)
-    done = set()
-    for line in good.decode("utf-8").splitlines():
-        record = json.loads(line)
-        done.add((record["decoder"], str(record["prompt_id"])))
-    return done
+    return good.decode("utf-8").splitlines()
+
+
+def _key(line: str) -> tuple[str, str]:
+    record = json.loads(line)
+    return record["decoder"], str(record["prompt_id"])
+
+
+def finished_samples(run_dir: Path) -> set[tuple[str, str]]:
+    """(decoder, prompt_id) of every complete line of samples.jsonl and of the rank shards.
+    Cuts half lines off: call it only while no rank is writing."""
+    return {_key(line) for path in sample_files(run_dir) for line in _whole_lines(path, repair=True)}
+
+
+def merge_samples(run_dir: Path, decoders: list[str], prompt_ids: list[str]) -> Path:
+    """Rewrite samples.jsonl with every sample of samples.jsonl and the rank shards, one line per
+    (decoder, prompt), in prompt order and then decoder order; then remove the shards.
+
+    The same line in two files (a shard and an earlier merge) is kept once; two different samples
+    of one (decoder, prompt) or a missing one is an error. The file is replaced atomically, so a
+    run killed while merging still holds every sample."""
+    lines: dict[tuple[str, str], str] = {}
+    for path in sample_files(run_dir):
+        for line in _whole_lines(path, repair=False):
+            key = _key(line)
+            if key in lines and lines[key] != line:
+                raise ValueError(f"{path}: a second, different sample of decoder {key[0]!r} on prompt {key[1]!r}")
+            lines[key] = line
+    wanted = [(d, p) for p in prompt_ids for d in decoders]
+    unexpected = sorted(set(lines) - set(wanted))
+    missing = [k for k in wanted if k not in lines]
+    if unexpected or missing:
+        raise ValueError(
+            f"{run_dir}: samples do not match this run's decoders x prompts: missing {missing[:5]} "
+            f"({len(missing)} in all), unexpected {unexpected[:5]} ({len(unexpected)} in all)"
+        )
+    merged, tmp = run_dir / MERGED, run_dir / f"{MERGED}.tmp"
+    with tmp.open("w", encoding="utf-8") as f:
+        f.writelines(lines[k] + "\n" for k in wanted)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(merged)
+    for shard in run_dir.glob("samples.rank*.jsonl"):
+        shard.unlink()
+    return merged
 
 
 def read_samples(run_dir: Path) -> pd.DataFrame:

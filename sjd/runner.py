@@ -3,13 +3,19 @@
 Order of work, so that bad input fails before anything expensive and nothing finished is lost:
 1. validate the config (sampling settings, decoder settings) - no model loaded yet;
 2. load and select prompts (errors name file and line);
-3. build the model adapter (a missing checkpoint names its path and config key);
-4. check every prompt against the model (errors name the prompt id) and every decoder's
+3. under torchrun, join the other ranks and take rank 0's run directory (sjd/distributed.py);
+4. build the model adapter (a missing checkpoint names its path and config key);
+5. check every prompt against the model (errors name the prompt id) and every decoder's
    required capabilities;
-5. warm up each decoder on the first batch (not recorded);
-6. per batch of prompts, run every decoder, alternating their order from batch to batch so
-   neither always runs first, append each sample to samples.jsonl and save its image;
-7. summarise from samples.jsonl, write summary.csv/json and grid.png, append to results/.
+6. find the finished samples (resume) and deal the unfinished prompts to the ranks, round-robin;
+7. warm up each decoder on the first batch (not recorded);
+8. per batch of prompts, run every decoder, alternating their order from batch to batch so
+   neither always runs first, save each sample's image and append the sample to samples.jsonl
+   (under torchrun: to the rank's own samples.rank{r}.jsonl);
+9. (rank 0, after every rank is done) merge the samples into samples.jsonl in prompt order,
+   summarise from it, write summary.csv/json and grid.png, append to results/.
+
+Data-parallel: `torchrun --nproc_per_node=N run.py ...` (gloo on the CPU, nccl with one GPU per rank).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import hashlib
 import json
 import logging
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pandas as pd
@@ -27,17 +34,20 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from sjd.decoders.base import Decoder, device_sync
-from sjd.eval.quality import check_eval, evaluate
+from sjd.distributed import DataParallel, rank_info, shard
 from sjd.models.base import ModelAdapter, Prompt
 from sjd.plots import accept_histograms
-from sjd.prompts import load_prompt_set, resolve_path
+from sjd.prompts import PromptSet, load_prompt_set, resolve_path
 from sjd.provenance import git_hash, make_generators, peak_memory_mb, prompt_seed, reset_peak_memory, versions
 from sjd.results import (
     SampleWriter,
     append_results_row,
     finished_samples,
     make_grid,
+    merge_samples,
     read_samples,
+    sample_files,
+    shard_file,
     summarize,
     write_summary,
 )
@@ -68,6 +78,12 @@ def build_decoders(cfg: DictConfig) -> tuple[list[Decoder], str | None]:
     return decoders, (baseline.name if baseline is not None else None)
 
 
+def scores_images(cfg: DictConfig) -> bool:
+    """Whether the run's `eval` config asks for FID or CLIP (eval=none does not)."""
+    eval_cfg = cfg.get("eval")
+    return eval_cfg is not None and bool(eval_cfg.get("fid") or eval_cfg.get("clip"))
+
+
 def config_fingerprint(cfg: DictConfig) -> str:
     """What decides a run's samples: model, decoders, prompts, sampling, seed. Not the batch size:
     a prompt's tokens do not depend on its batch, so a run may resume with a smaller one."""
@@ -81,7 +97,7 @@ def resume_point(run_dir: Path, fingerprint: str) -> set[tuple[str, str]]:
     """The (decoder, prompt) pairs already finished in `run_dir` by a run of the same config.
     A run directory holding another config's samples is refused: mixing them would be wrong."""
     meta_file = run_dir / "meta.json"
-    if not (run_dir / "samples.jsonl").is_file():
+    if not sample_files(run_dir):
         return set()
     old = json.loads(meta_file.read_text()).get("config_fingerprint") if meta_file.is_file() else None
     if old != fingerprint:
@@ -98,18 +114,53 @@ def batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
     return [prompts[i : i + size] for i in range(0, len(prompts), size)]
 
 
-def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
+def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame | None:
+    """Run the benchmark into `run_dir`; the summary, or None on a torchrun rank other than 0.
+
+    Under `torchrun --nproc_per_node=N run.py ...` every rank runs this: rank 0's run directory is
+    used by all; the unfinished prompts are dealt round-robin to the ranks; each rank appends to its
+    own samples.rank{r}.jsonl; after a barrier rank 0 merges them into samples.jsonl and writes the
+    summary, images grid, results row and logger output, and computes FID/CLIP, once. A prompt's
+    tokens depend only on (seed, prompt id), so the samples equal a one-process run's. Latencies
+    stay per-prompt measurements, but N ranks on one machine contend for its CPU cores (and memory
+    bandwidth): compare latencies only between runs of the same world size (recorded in the summary).
+    """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
+    if not cfg.dist_timeout_min > 0:
+        raise ValueError(f"dist_timeout_min must be > 0, got {cfg.dist_timeout_min}")
     sampling = SamplingConfig(**OmegaConf.to_container(cfg.model.sampling))
     decoders, baseline = build_decoders(cfg)
     prompt_set = load_prompt_set(**OmegaConf.to_container(cfg.prompts))
-    eval_cfg = check_eval(cfg.get("eval"))
+    eval_cfg = None
+    if scores_images(cfg):
+        from sjd.eval.quality import check_eval  # torchmetrics and scipy take seconds to import
 
-    device = pick_device(cfg.device)
-    adapter: ModelAdapter = instantiate(cfg.model.adapter, device=device)
+        eval_cfg = check_eval(cfg.eval)
+
+    dp = DataParallel.start(rank_info(), pick_device(cfg.device), timedelta(minutes=cfg.dist_timeout_min))
+    try:
+        summary = _run_rank(cfg, dp.adopt_run_dir(run_dir), dp, sampling, decoders, baseline, prompt_set, eval_cfg)
+    except Exception as e:
+        dp.report_failure(e)  # torchrun then stops the other ranks, with this message in its report
+        raise
+    dp.close()
+    return summary
+
+
+def _run_rank(
+    cfg: DictConfig,
+    run_dir: Path,
+    dp: DataParallel,
+    sampling: SamplingConfig,
+    decoders: list[Decoder],
+    baseline: str | None,
+    prompt_set: PromptSet,
+    eval_cfg: dict | None,
+) -> pd.DataFrame | None:
+    adapter: ModelAdapter = instantiate(cfg.model.adapter, device=dp.device)
     adapter.check_prompts(prompt_set.prompts)
     for d in decoders:
         d.check(adapter)
@@ -124,24 +175,70 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
         "sampling": OmegaConf.to_container(cfg.model.sampling),
         "decoder_configs": {d.name: d.config() for d in decoders},
         "baseline": baseline,
-        "device": device,
+        "device": dp.device,
+        "world_size": dp.info.world_size,
         "git_hash": git_hash(),
         "versions": versions(),
         "experiment": cfg.get("experiment_name"),
     }
     meta["config_fingerprint"] = config_fingerprint(cfg)
-    done = resume_point(run_dir, meta["config_fingerprint"])
-    (run_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    done = None
+    if dp.info.is_main:  # only rank 0 reads, repairs and writes the run directory before decoding
+        done = resume_point(run_dir, meta["config_fingerprint"])
+        (run_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    done = dp.broadcast(done)  # every rank deals the same unfinished prompts
 
-    groups = batches(prompt_set.prompts, cfg.batch_size)
+    todo = [p for p in prompt_set.prompts if any((d.name, p.prompt_id) not in done for d in decoders)]
+    writer = SampleWriter(run_dir, shard_file(run_dir, dp.info.rank) if dp.info.distributed else None)
+    decode_prompts(cfg, adapter, decoders, sampling, shard(todo, dp.info), done, writer)
+    dp.barrier("every rank has decoded its prompts")
+    if not dp.info.is_main:
+        return None
+
+    merge_samples(run_dir, [d.name for d in decoders], [p.prompt_id for p in prompt_set.prompts])
+    samples = read_samples(run_dir)
+    summary = summarize(samples, baseline, meta)
+    if eval_cfg:
+        from sjd.eval.quality import evaluate
+
+        quality = evaluate(eval_cfg, samples, adapter, resolve_path("outputs/cache"))
+        summary = summary.merge(quality, on="decoder", how="left")
+    write_summary(summary, run_dir)
+    accept_histograms(summary, run_dir / "accept_hist.png")
+    if cfg.save_images:
+        shown = [p.prompt_id for p in prompt_set.prompts[: cfg.grid_prompts]]
+        make_grid(run_dir, [d.name for d in decoders], shown)
+    if cfg.results_csv:
+        append_results_row(summary, resolve_path(cfg.results_csv), run_dir)
+    logger = instantiate(cfg.logger)
+    logger.log_run(run_dir, summary, samples, OmegaConf.to_container(cfg, resolve=True))
+
+    shown = TABLE_COLUMNS + [c for c in ("fid", "clip") if c in summary.columns]
+    table = summary[shown].to_string(index=False, float_format=lambda x: f"{x:.3f}")
+    world = f", {dp.info.world_size} ranks" if dp.info.distributed else ""
+    print(f"\n{adapter.name} on {prompt_set.name} ({prompt_set.selection}{world}), run dir {run_dir}\n{table}")
+    return summary
+
+
+def decode_prompts(
+    cfg: DictConfig,
+    adapter: ModelAdapter,
+    decoders: list[Decoder],
+    sampling: SamplingConfig,
+    prompts: list[Prompt],
+    done: set[tuple[str, str]],
+    writer: SampleWriter,
+) -> None:
+    """Warm up, then decode `prompts` batch by batch with every decoder, skipping finished (decoder,
+    prompt) pairs, and append each sample (after its image) through `writer`."""
+    groups = batches(prompts, cfg.batch_size)
     for d in decoders:  # warm-up: first use of kernels and allocator, not recorded
         for group in groups[: max(0, cfg.warmup)]:
             gens = make_generators(cfg.seed, [p.prompt_id for p in group], adapter.device)
             d.generate(adapter, group, sampling, gens)
 
-    writer = SampleWriter(run_dir)
-    progress = tqdm(total=len(prompt_set.prompts) * len(decoders), desc="decoding", unit="image", disable=None)
-    progress.update(len(done))
+    todo = sum((d.name, p.prompt_id) not in done for d in decoders for p in prompts)
+    progress = tqdm(total=todo, desc="decoding", unit="image", disable=None)
     for i, full_group in enumerate(groups):
         order = decoders if i % 2 == 0 else decoders[::-1]
         for d in order:
@@ -157,8 +254,8 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
             except torch.cuda.OutOfMemoryError as e:
                 raise RuntimeError(
                     f"out of GPU memory decoding prompts {ids} with decoder {d.name!r} (batch_size={cfg.batch_size}, "
-                    f"window={getattr(d, 'window', None)}). Finished samples are kept in {run_dir / 'samples.jsonl'}; "
-                    f"rerun the same command with hydra.run.dir={run_dir} and a smaller batch_size to resume."
+                    f"window={getattr(d, 'window', None)}). Finished samples are kept in {writer.path}; rerun the "
+                    f"same command with hydra.run.dir={writer.path.parent} and a smaller batch_size to resume."
                 ) from e
             mem, mem_kind = peak_memory_mb(adapter.device)
             t_images = time.perf_counter()
@@ -166,6 +263,8 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
             device_sync(adapter.device)
             image_decode_s = (time.perf_counter() - t_images) / len(group) if cfg.save_images else float("nan")
             for b, prompt in enumerate(group):
+                if images is not None:  # the image first: a sample on record always has its image
+                    writer.save_image(d.name, prompt.prompt_id, images[b])
                 writer.write(
                     {
                         "prompt_id": prompt.prompt_id,
@@ -186,27 +285,5 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame:
                         "tokens": result.tokens[b].tolist(),
                     }
                 )
-                if images is not None:
-                    writer.save_image(d.name, prompt.prompt_id, images[b])
             progress.update(len(group))
     progress.close()
-
-    samples = read_samples(run_dir)
-    summary = summarize(samples, baseline, meta)
-    quality = evaluate(eval_cfg, samples, adapter, resolve_path("outputs/cache"))
-    if len(quality):
-        summary = summary.merge(quality, on="decoder", how="left")
-    write_summary(summary, run_dir)
-    accept_histograms(summary, run_dir / "accept_hist.png")
-    if cfg.save_images:
-        shown = [p.prompt_id for p in prompt_set.prompts[: cfg.grid_prompts]]
-        make_grid(run_dir, [d.name for d in decoders], shown)
-    if cfg.results_csv:
-        append_results_row(summary, resolve_path(cfg.results_csv), run_dir)
-    logger = instantiate(cfg.logger)
-    logger.log_run(run_dir, summary, samples, OmegaConf.to_container(cfg, resolve=True))
-
-    shown = TABLE_COLUMNS + [c for c in ("fid", "clip") if c in summary.columns]
-    table = summary[shown].to_string(index=False, float_format=lambda x: f"{x:.3f}")
-    print(f"\n{adapter.name} on {prompt_set.name} ({prompt_set.selection}), run dir {run_dir}\n{table}")
-    return summary

@@ -2,10 +2,13 @@
 
 Feature networks (`eval.fid.extractor`):
 - `toy`: the toy CLIP's 128-d image features (sjd/eval/toy_clip.py), trained on toy data;
-- `inception`: torchmetrics' Inception-v3 (the torch-fidelity port of pytorch-fid's network,
-  2048-d pool features). It needs `torch-fidelity` and the weights file torch-fidelity uses
-  (`pt_inception-2015-12-05-6726825d.pth`) at `eval.fid.inception_weights`, or in its cache
-  when the machine was once online. Nothing is downloaded by us.
+- `inception`: torchmetrics' Inception-v3 (torch-fidelity's port of the TensorFlow FID network
+  that pytorch-fid also uses; 2048-d pool features). It needs `torch-fidelity` (the `eval` extra)
+  and the weights file at `eval.fid.inception_weights`: torch-fidelity's
+  `weights-inception-2015-12-05-6726825d.pth` (or the same state dict as .safetensors). Nothing is
+  downloaded. torch-fidelity unpickles the file with `weights_only=False`, so it never sees the
+  user's file: the weights are read here with safetensors or `torch.load(weights_only=True)`
+  (which refuses anything but tensors) and handed over as a fresh copy.
 
 Reference statistics (sum of features, sum of outer products, count) are computed once from
 real images and stored as .npz next to a JSON note of what they were computed from; a run
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -39,21 +44,47 @@ class ToyFeatures(nn.Module):
         return self.clip.image_features(to_pixel_values(images))
 
 
+def load_tensor_file(path: str, config_key: str) -> dict[str, torch.Tensor]:
+    """A state dict from .safetensors or a torch pickle of tensors only (`weights_only=True`)."""
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{config_key}: {path} holds more than tensors; refusing to unpickle it ({e})") from e
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{config_key}: {path} is not a state dict (a mapping of names to tensors)")
+    return state
+
+
+def inception_metric(inception_weights: str | None) -> FrechetInceptionDistance:
+    """torchmetrics' 2048-d Inception FID with weights read safely from a local file."""
+    if not inception_weights or not Path(inception_weights).is_file():
+        raise FileNotFoundError(
+            f"FID extractor 'inception': weights file {inception_weights!r} not found. Set "
+            "`eval.fid.inception_weights` to torch-fidelity's weights-inception-2015-12-05-6726825d.pth."
+        )
+    state = load_tensor_file(inception_weights, "eval.fid.inception_weights")
+    with tempfile.TemporaryDirectory() as tmp:
+        checked = Path(tmp) / "inception.pth"
+        torch.save(state, checked)
+        try:
+            return FrechetInceptionDistance(
+                feature=2048, feature_extractor_weights_path=str(checked), reset_real_features=False
+            )
+        except ModuleNotFoundError as e:
+            raise ModuleNotFoundError(
+                f"FID extractor 'inception' needs torch-fidelity (the eval extra: pip install -e '.[eval]'): {e}"
+            ) from e
+
+
 def build_metric(extractor: str, weights: str | None = None, inception_weights: str | None = None):
     if extractor == "toy":
         return FrechetInceptionDistance(feature=ToyFeatures(weights), reset_real_features=False)
     if extractor == "inception":
-        if not inception_weights or not Path(inception_weights).is_file():
-            raise FileNotFoundError(
-                f"FID extractor 'inception': weights file {inception_weights!r} not found. Set "
-                "`eval.fid.inception_weights` to pt_inception-2015-12-05-6726825d.pth (torch-fidelity's file)."
-            )
-        try:
-            return FrechetInceptionDistance(
-                feature=2048, feature_extractor_weights_path=inception_weights, reset_real_features=False
-            )
-        except ModuleNotFoundError as e:
-            raise ModuleNotFoundError(f"FID extractor 'inception' needs torch-fidelity: {e}") from e
+        return inception_metric(inception_weights)
     raise ValueError(f"eval.fid.extractor must be 'toy' or 'inception', got {extractor!r}")
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sjd.eval.clip_score import clip_score
+from sjd.eval.clip_score import check_clip_weights, clip_model_label, clip_score
 from sjd.eval.fid import add_images, build_metric, load_reference, reference_key, save_reference, toy_reference_images
 from sjd.models.base import ModelAdapter
 
@@ -40,6 +40,8 @@ def check_eval(eval_cfg) -> dict | None:
                                     "scripts/fid_reference.py)")  # fmt: skip
         if fid["extractor"] == "inception" and not Path(str(fid.get("inception_weights"))).is_file():
             raise FileNotFoundError(f"eval.fid.inception_weights: {fid.get('inception_weights')} not found")
+    if cfg.get("clip"):
+        check_clip_weights(cfg["clip"])
     return cfg
 
 
@@ -91,8 +93,9 @@ def evaluate(eval_cfg: dict | None, samples: pd.DataFrame, adapter: ModelAdapter
         if clip_cfg:
             row.update(
                 clip=clip_score(images, df["prompt"].tolist(), clip_cfg["backend"], clip_cfg.get("model"),
-                                clip_cfg["protocol"], clip_cfg.get("prefix", ""), clip_cfg.get("scale", 1.0)),
-                clip_protocol=clip_cfg["protocol"], clip_model=f"{clip_cfg['backend']}:{clip_cfg.get('model')}",
+                                clip_cfg["protocol"], clip_cfg.get("prefix", ""), clip_cfg.get("scale", 1.0),
+                                pretrained=clip_cfg.get("pretrained")),
+                clip_protocol=clip_cfg["protocol"], clip_model=clip_model_label(clip_cfg),
             )  # fmt: skip
         rows.append(row)
     return pd.DataFrame(rows)
