@@ -22,18 +22,13 @@ from pathlib import Path
 
 import pandas as pd
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from sjd.audit import draw_samples, marginal_test  # noqa: E402
+from sjd.audited_runs import run_and_audit  # noqa: E402
 from sjd.config import register_resolvers  # noqa: E402
-from sjd.decoders.ar import ARDecoder  # noqa: E402
 from sjd.plots import quality_vs_speedup  # noqa: E402
 from sjd.results import markdown_table  # noqa: E402
-from sjd.runner import build_decoders, run  # noqa: E402
-from sjd.sampling import SamplingConfig  # noqa: E402
 
 EXPERIMENTS = ("toy_decoders", "toy_sjd2")
 SETTINGS = ("window", "init", "context", "denoise_steps")
@@ -50,7 +45,7 @@ def main() -> None:
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
             cfg = compose("config", overrides=[f"experiment={experiment}", *args.overrides])
         run_dir = ROOT / "outputs" / "runs" / f"{datetime.now():%Y-%m-%d_%H-%M-%S}_toy_table1_{experiment}"
-        rows += table_rows(cfg, run_dir, args.n_audit)
+        rows += run_and_audit(cfg, run_dir, args.n_audit, SETTINGS)
         run_dirs.append(str(run_dir.relative_to(ROOT)))
     table = pd.DataFrame(rows)
     out = ROOT / "results" / "toy_table1"
@@ -65,43 +60,6 @@ def main() -> None:
     )
     quality_vs_speedup(table, ROOT / "results" / "toy_quality_vs_speedup.png")
     print(table.to_string(index=False))
-
-
-def table_rows(cfg, run_dir: Path, n: int) -> list[dict]:
-    """Run one experiment, then audit each of its decoders against AR on the same model."""
-    summary = run(cfg, run_dir).set_index("decoder")
-    sampling = SamplingConfig(**OmegaConf.to_container(cfg.model.sampling))
-    adapter = instantiate(cfg.model.adapter, device="cpu")
-    caption, batch = cfg.model.audit_prompt, 500
-    reference = draw_samples(ARDecoder(), adapter, sampling, caption, 2 * n, batch, cfg.seed, "r").numpy()
-    noise = marginal_test(reference[:n], reference[n:])
-    rows = []
-    decoders, _ = build_decoders(cfg)
-    for d in decoders:
-        audit = marginal_test(
-            draw_samples(d, adapter, sampling, caption, n, batch, cfg.seed, "d").numpy(), reference[:n]
-        )
-        s = summary.loc[d.name]
-        settings = ", ".join(f"{k}={v}" for k, v in d.config().items() if k in SETTINGS)
-        rows.append(
-            {
-                "model": cfg.model.name,
-                "prompts": s["prompt_selection"],
-                "decoder": d.name,
-                "settings": settings or "-",
-                "steps": s["n_forward"],
-                "step_compression": s["step_compression"],
-                "latency_s": s["latency_s"],
-                "latency_speedup": s["latency_speedup"],
-                "fid": s.get("fid", float("nan")),
-                "clip": s.get("clip", float("nan")),
-                "audit_tv": audit.tv_distance,
-                "audit_p": audit.p_value,
-                "ar_noise_tv": noise.tv_distance,
-                "lossless_expected": d.lossless,
-            }
-        )
-    return rows
 
 
 if __name__ == "__main__":

@@ -34,12 +34,14 @@ def fresh_drafts(
     layout: ImageLayout,
     generator: torch.Generator,
     left_distribution: torch.Tensor | None = None,
+    force: bool = True,
 ) -> torch.Tensor:
     """Draft ids for positions start .. start+count-1 of one row.
 
     `known` [>= start] holds the row's current tokens (committed, then carried drafts) for
     every position before `start`; only spatial schemes read it. `left_distribution`
-    [V] is the distribution position start-1 was drawn from (for sample_horizon)."""
+    [V] is the distribution position start-1 was drawn from (for sample_horizon). `force=False`
+    drafts grammar-forced positions like any other (only for the forced-draft ablation)."""
     if scheme not in SCHEMES:
         raise ValueError(f"decoder.init must be one of {SCHEMES}, got {scheme!r}")
     device = known.device
@@ -58,6 +60,8 @@ def fresh_drafts(
             for pos in range(start + 1, start + count):  # the rest of the row follows its left neighbour
                 seq[pos] = _spatial(spatial, seq, pos, layout, random_ids[pos - start])
         out = seq[start:]
+    if not force:
+        return out
     forced = layout.forced.to(device)[start : start + count]
     return torch.where(forced >= 0, forced, out)
 

@@ -69,3 +69,33 @@ def quality_vs_speedup(table: pd.DataFrame, out: Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def pareto(table: pd.DataFrame, out: Path) -> Path:
+    """Latency speedup against audit distance (TV to AR) and against FID, one point per decoder;
+    the upper-left frontier (faster and closer to AR) is drawn as a line."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, metric, label in (
+        (axes[0], "audit_tv", "audit: mean per-position TV to AR (lower = closer)"),
+        (axes[1], "fid", "FID (lower is better)"),
+    ):
+        for _, row in table.iterrows():
+            marker = "o" if row["lossless_expected"] else "x"
+            ax.scatter(row[metric], row["latency_speedup"], marker=marker)
+            ax.annotate(row["decoder"], (row[metric], row["latency_speedup"]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")  # fmt: skip
+        front, best = [], -1.0
+        for _, row in table.sort_values([metric, "latency_speedup"], ascending=[True, False]).iterrows():
+            if row["latency_speedup"] > best:
+                front.append((row[metric], row["latency_speedup"]))
+                best = row["latency_speedup"]
+        ax.plot(*zip(*front), color="grey", lw=0.8, ls="--")
+        ax.axvline(table["ar_noise_tv"].iloc[0], color="grey", lw=0.5) if metric == "audit_tv" else None
+        ax.set_xlabel(label)
+        ax.set_ylabel("latency speedup vs AR (same run)")
+        ax.grid(alpha=0.3)
+    axes[0].set_title("o lossless, x lossy; vertical line: AR vs AR noise floor", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

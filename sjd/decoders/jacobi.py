@@ -32,8 +32,10 @@ class JacobiDecoder(SJDDecoder):
         q: torch.Tensor,
         widths: list[int],
         generators: Sequence[torch.Generator],
-    ) -> tuple[VerifyResult, torch.Tensor]:
+        positions: torch.Tensor,
+        state: object,
+    ) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
         n_drafts = torch.tensor([max(w - 1, 0) for w in widths], device=p.device)
         _, u_sample = draw_uniforms(generators, widths, p.shape[1], p.device)
         samples = sample_from(p, u_sample)
-        return exact_match_verify(samples, drafts, n_drafts), samples
+        return exact_match_verify(samples, drafts, n_drafts), samples, p

@@ -85,6 +85,7 @@ class PJDDecoder(Decoder):
             raise ValueError(f"decoder.init must be one of {SCHEMES}, got {init!r}")
         self.name, self.window, self.context = name, window, context
         self.keep_threshold, self.init = keep_threshold, init
+        self.every_row_samples = False  # ZipAR: lower rows take their bonus sample too
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
@@ -189,9 +190,10 @@ class PJDDecoder(Decoder):
             if not s.started[r] or s.done[r] == w:
                 continue
             limit = w if r == 0 or s.done[r - 1] == w else s.done[r - 1]
-            n = min(self.window, limit - s.done[r])
-            if n <= 0:
+            room = limit - s.done[r]
+            if room <= 0:
                 continue  # waiting for the row above
+            n = min(self.window, room)  # ZipAR (window 0) forwards only the row's last token
             start = self._pos(layout, r, s.done[r])
             drafts, q = s.carried[r][:n], s.carried_q[r][:n]
             if len(drafts) < n:
@@ -266,7 +268,7 @@ class PJDDecoder(Decoder):
             start = self._pos(layout, r, col)
             s.tokens[start : start + n_acc] = seg.drafts[:n_acc]
             take = n_acc
-            if r == top and col + n_acc < w:  # top row: the residual or bonus token
+            if (r == top or self.every_row_samples) and col + n_acc < w:  # the residual or bonus token
                 s.tokens[start + n_acc] = result.next_token[0]
                 take += 1
             s.committed[start : start + take] = True

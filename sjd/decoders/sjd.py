@@ -37,7 +37,13 @@ class SJDDecoder(Decoder):
     requires = WINDOW_CAPABILITY
 
     def __init__(
-        self, name: str = "sjd", window: int = 16, init: str = "random", ar_prefix: int = 1, ar_suffix: int = 0
+        self,
+        name: str = "sjd",
+        window: int = 16,
+        init: str = "random",
+        ar_prefix: int = 1,
+        ar_suffix: int = 0,
+        forced_drafts: bool = True,
     ) -> None:
         if window < 1:
             raise ValueError(f"decoder.window must be >= 1, got {window}")
@@ -47,6 +53,7 @@ class SJDDecoder(Decoder):
             raise ValueError(f"decoder.ar_prefix must be >= 1 and decoder.ar_suffix >= 0, got {ar_prefix}, {ar_suffix}")
         self.name, self.window, self.init = name, window, init
         self.ar_prefix, self.ar_suffix = ar_prefix, ar_suffix
+        self.forced_drafts = forced_drafts
 
     def window_for(self, committed: int, n_tokens: int) -> int:
         """Forward inputs for a row with `committed` tokens (0 when it is complete)."""
@@ -77,6 +84,7 @@ class SJDDecoder(Decoder):
         state = WindowState.empty(B, layout.n_tokens, layout.vocab_size, device)
 
         state.tokens[:, 0] = clock.start(prompts, sampling, generators)  # prefill: the first token as in AR
+        self.begin(state, layout, generators)
 
         while True:
             widths = [self.window_for(n, layout.n_tokens) for n in state.committed]
@@ -89,12 +97,15 @@ class SJDDecoder(Decoder):
                 inputs.shape[1], device=device
             )
             p = logits_to_probs(logits, positions, layout, sampling)
-            result, samples = self.verify(p, drafts, q, widths, generators)
-            state.commit(result, drafts, samples, p, widths)
+            result, samples, samples_q = self.verify(p, drafts, q, widths, generators, positions, state)
+            state.commit(result, drafts, samples, p, widths, samples_q)
 
         return clock.finish(state.tokens, state.n_forward, state.accepted)
 
     # -- phases --------------------------------------------------------------------------------------
+    def begin(self, state: WindowState, layout: ImageLayout, generators: Sequence[torch.Generator]) -> None:
+        """Per-call set-up after the first token (coupled decoders draw their noise tables here)."""
+
     def draft(
         self, state: WindowState, widths: list[int], layout: ImageLayout, generators: Sequence[torch.Generator]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -110,7 +121,9 @@ class SJDDecoder(Decoder):
                 # Spatial schemes read the row's current tokens; random needs none (keep the hot path light).
                 known = d if self.init == "random" else torch.cat([state.tokens[b, :n], d])
                 left = dq[-1] if len(d) else state.last_p[b]  # what position n + len(d) - 1 was drawn from
-                new = fresh_drafts(self.init, known, n + len(d), need - len(d), layout, generators[b], left)
+                new = fresh_drafts(
+                    self.init, known, n + len(d), need - len(d), layout, generators[b], left, self.forced_drafts
+                )
                 d, dq = torch.cat([d, new]), torch.cat([dq, one_hot(new, V)])
             drafts[b, :need], q[b, :need] = d, dq
             inputs[b, 0] = state.tokens[b, min(n, layout.n_tokens) - 1]
@@ -124,13 +137,33 @@ class SJDDecoder(Decoder):
         q: torch.Tensor,
         widths: list[int],
         generators: Sequence[torch.Generator],
-    ) -> tuple[VerifyResult, torch.Tensor]:
-        """Speculative rule (sjd.verify), plus one fresh sample per slot: the next drafts."""
+        positions: torch.Tensor,
+        state: WindowState,
+    ) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
+        """Speculative rule (sjd.verify), plus one new draft per slot and its q (`next_drafts`)."""
         n_drafts = torch.tensor([max(w - 1, 0) for w in widths], device=p.device)
         u_accept, u_jacobi = draw_uniforms(generators, widths, p.shape[1], p.device)
         u_final = u_accept.gather(1, n_drafts[:, None]).squeeze(1)  # each row's own last uniform
         result = speculative_verify(p, drafts, q, n_drafts, u_accept[:, :-1], u_final)
-        return result, sample_from(p, u_jacobi)
+        samples, samples_q = self.next_drafts(p, drafts, q, n_drafts, result, u_jacobi, positions, state)
+        return result, samples, samples_q
+
+    def next_drafts(
+        self,
+        p: torch.Tensor,
+        drafts: torch.Tensor,
+        q: torch.Tensor,
+        n_drafts: torch.Tensor,
+        result: VerifyResult,
+        uniforms: torch.Tensor,
+        positions: torch.Tensor,
+        state: WindowState,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, W] the drafts the slots carry into the next iteration and [B, W, V] the
+        distributions they are drawn from given everything verification has seen (their q).
+        SJD draws them from p independently of the old drafts (the Jacobi update); coupled
+        decoders (sjd.decoders.coupled) correlate them with the old ones."""
+        return sample_from(p, uniforms), p
 
 
 @dataclass
@@ -144,6 +177,7 @@ class WindowState:
     accepted: list[list[int]]
     n_forward: list[int]
     last_p: list[torch.Tensor | None]  # the distribution the last committed token was drawn from
+    noise: torch.Tensor | None = None  # per-position coupling noise of coupled decoders [B, N, V]
 
     @classmethod
     def empty(cls, B: int, N: int, V: int, device: torch.device) -> WindowState:
@@ -158,9 +192,17 @@ class WindowState:
         )
 
     def commit(
-        self, result: VerifyResult, drafts: torch.Tensor, samples: torch.Tensor, p: torch.Tensor, widths: list[int]
+        self,
+        result: VerifyResult,
+        drafts: torch.Tensor,
+        samples: torch.Tensor,
+        p: torch.Tensor,
+        widths: list[int],
+        samples_q: torch.Tensor | None = None,
     ) -> None:
-        """Accepted drafts + the next token; the model's later samples carry over (one host sync)."""
+        """Accepted drafts + the next token; the later samples carry over with their q, which is
+        p unless a coupled decoder says otherwise (one host sync)."""
+        samples_q = p if samples_q is None else samples_q
         for b, n_acc in enumerate(result.n_accepted.tolist()):
             if widths[b] == 0:
                 continue
@@ -169,7 +211,7 @@ class WindowState:
             self.tokens[b, n + n_acc] = result.next_token[b]
             take = n_acc + 1
             self.committed[b] = n + take
-            self.carried[b], self.carried_q[b] = samples[b, take : widths[b]], p[b, take : widths[b]]
+            self.carried[b], self.carried_q[b] = samples[b, take : widths[b]], samples_q[b, take : widths[b]]
             self.last_p[b] = p[b, n_acc]  # the residual's source; its arg-max is what sample_horizon wants
             self.accepted[b].append(take)
             self.n_forward[b] += 1

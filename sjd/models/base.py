@@ -28,6 +28,7 @@ import torch
 WINDOW = "window"  # forward of several tokens against the cache, ragged rows
 CUSTOM_MASK = "custom_mask"  # an extra [B, W, W] attention mask inside the window (PJD)
 EMBEDS = "embeds"  # forward from input embeddings instead of ids (SJD2)
+CODE_EMBEDDINGS = "code_embeddings"  # a latent vector per image code (relaxed acceptance: GSD, LANTERN)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,12 @@ class ModelAdapter(ABC):
         """As `forward`, with input embeddings (from `embed`) and their noise levels."""
         raise NotImplementedError(f"model {self.name!r} does not provide the {EMBEDS!r} capability")
 
+    def code_embeddings(self) -> torch.Tensor:
+        """The `code_embeddings` capability: [vocab, D] float, the image tokenizer's latent vector
+        (its VQ codebook entry) for every free image id; rows of other ids are never read. Relaxed
+        acceptance rules call codes with nearby latents "neighbours"."""
+        raise NotImplementedError(f"model {self.name!r} does not provide the {CODE_EMBEDDINGS!r} capability")
+
     @abstractmethod
     def truncate(self, lengths: Sequence[int]) -> None:
         """Keep generated positions < lengths[b] of row b; drop the rest."""
@@ -131,3 +138,11 @@ class ModelAdapter(ABC):
         for p in prompts:
             if not p.text.strip():
                 raise ValueError(f"prompt {p.prompt_id!r} is empty")
+
+
+def codebook_by_id(codebook: torch.Tensor, code_ids: torch.Tensor, layout: ImageLayout) -> torch.Tensor:
+    """[vocab, D] float: row code_ids[i] holds VQ codebook entry i (the `code_embeddings` table)."""
+    codebook = codebook.detach().float()
+    table = torch.zeros(layout.vocab_size, codebook.shape[1], device=codebook.device)
+    table[code_ids.to(codebook.device)] = codebook
+    return table

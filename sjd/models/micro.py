@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from sjd.models.base import ImageLayout, Prompt
+from sjd.models.base import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
 from sjd.models.causal_lm import CausalLMAdapter
 from sjd.models.noise_aware import NoiseAwareInputs
 from sjd.toy.noise_aware import NoiseAwareLM
@@ -25,6 +25,8 @@ FIRST_CODE = 5
 
 
 class MicroAdapter(CausalLMAdapter):
+    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
+
     def __init__(
         self,
         height: int = 2,
@@ -77,6 +79,12 @@ class MicroAdapter(CausalLMAdapter):
         codes = self.codes(tokens).numpy()
         grey = (255 * codes / max(self.n_codes - 1, 1)).astype(np.uint8)
         return np.repeat(grey[..., None], 3, axis=-1)
+
+    def code_embeddings(self) -> torch.Tensor:
+        """A code's grey level (what decode_images draws): codes 0 and 1 are neighbours, 0 and 2 are not."""
+        table = torch.zeros(self.layout.vocab_size, 1)
+        table[FIRST_CODE : FIRST_CODE + self.n_codes, 0] = torch.arange(self.n_codes) / max(self.n_codes - 1, 1)
+        return table.to(self.device)
 
     def codes(self, tokens: torch.Tensor) -> torch.Tensor:
         """[B, n_tokens] -> [B, height, width] code indices."""

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sjd.models.base import ImageLayout, Prompt
+from sjd.models.base import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
 from sjd.models.causal_lm import CausalLMAdapter
 from sjd.toy.model import load_toy
 from sjd.toy.scenes import GRID
-from sjd.toy.tokenizer import N_IMAGE_TOKENS, ToyVocab, decode_codes
+from sjd.toy.tokenizer import CODEBOOK, N_CODES, N_IMAGE_TOKENS, ToyVocab, decode_codes
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "assets" / "toy"
 
@@ -43,6 +43,8 @@ def toy_layout(vocab: ToyVocab) -> ImageLayout:
 
 
 class ToyAdapter(CausalLMAdapter):
+    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
+
     def __init__(self, weights: str | None = None, device: str = "cpu", name: str = "toy") -> None:
         self.name = name
         self.device = torch.device(device)
@@ -65,3 +67,10 @@ class ToyAdapter(CausalLMAdapter):
 
     def decode_images(self, tokens: torch.Tensor) -> np.ndarray:
         return decode_codes(self.vocab.codes_from_sequence(tokens))
+
+    def code_embeddings(self) -> torch.Tensor:
+        """Each code's codebook patch (pixels / 255, flattened): the toy's VQ latent."""
+        table = torch.zeros(self.layout.vocab_size, CODEBOOK[0].size)
+        first = self.vocab.code_offset
+        table[first : first + N_CODES] = torch.as_tensor(CODEBOOK.reshape(N_CODES, -1) / 255.0, dtype=torch.float32)
+        return table.to(self.device)

@@ -1,0 +1,120 @@
+"""Coupled speculative Jacobi decoding: SJD whose drafts stay put between iterations.
+
+SJD redraws every carried draft independently from the latest p at each iteration, so a
+position's draft changes almost every time (SCD reports ~94%) even when p barely moved, and
+the positions after it see a new prefix again. A *coupling* keeps each new draft distributed
+exactly as p at its slot (its q, so verification stays exact) while making it equal to the old
+draft whenever it can (algorithms.md §7.1):
+
+- `coupling: gumbel` (SCD-GS): one Gumbel vector per absolute position, drawn once per image
+  and reused at every iteration: draft = argmax(log p + g_pos). A position's Gumbel vector is
+  never looked at by any test before the position is first verified for commitment, so each
+  draft is, given everything verification has seen, a fresh sample of p.
+- `coupling: maximal` (SCD-MC; the same loop as SJD-PAC's adaptive continuation): verification
+  does not stop at the first rejection. Every later draft goes through its own accept test
+  against the new p (u * q(d) < p(d)) and is kept if accepted, else replaced by a sample of
+  norm(max(0, p - q)). The result is distributed as p (the speculative-sampling identity), so
+  its q is p, not the old q: keeping the old q for a kept draft, as one released file does,
+  would bias later tests. Only the prefix before the first rejection is committed, as in SJD.
+- `coupling: none` is SJD.
+
+Why it is exact (a sketch): causality means nothing at positions <= j depends on position
+j+1's randomness (its Gumbel vector, its test uniforms, its residual draws). Given all of that,
+the draft at j+1 follows a chain whose marginal at every iteration is the q it is verified
+with; so when position j+1 is first tested for commitment, the standard speculative-sampling
+argument applies. The exactness audit (scripts/audit.py) checks this at N >= 20,000.
+
+The decoder is SJD's loop (sjd.decoders.sjd) with only `next_drafts` replaced; the other parts
+of our combination are SJD's: `init` (vertical drafts from the row above) and `forced_drafts`.
+Gumbel and maximal coupling do not compose: a residual drawn with the Gumbel vector that drew
+the rejected draft is biased by the rejection, so `coupling` is one choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from sjd.decoders.sjd import SJDDecoder, WindowState
+from sjd.models.base import ImageLayout
+from sjd.sampling import sample_from
+from sjd.verify import VerifyResult, residual
+
+COUPLINGS = ("none", "gumbel", "maximal")
+
+
+class CoupledSJDDecoder(SJDDecoder):
+    def __init__(
+        self,
+        name: str = "csjd",
+        window: int = 16,
+        init: str = "vertical",
+        coupling: str = "maximal",
+        ar_prefix: int = 1,
+        ar_suffix: int = 0,
+        forced_drafts: bool = True,
+    ) -> None:
+        if coupling not in COUPLINGS:
+            raise ValueError(f"decoder.coupling must be one of {COUPLINGS}, got {coupling!r}")
+        super().__init__(name, window, init, ar_prefix, ar_suffix, forced_drafts)
+        self.coupling = coupling
+
+    def begin(self, state: WindowState, layout: ImageLayout, generators: Sequence[torch.Generator]) -> None:
+        if self.coupling != "gumbel":
+            return
+        # One Gumbel vector per (row, generated position), from the row's own generator so a
+        # row's tokens do not depend on the rest of the batch. Memory: B x N x V floats (about
+        # 0.6 GB per row on Lumina-mGPT; fine on a GPU, stated in conf/decoder/csjd.yaml).
+        N, V, device = layout.n_tokens, layout.vocab_size, state.tokens.device
+        u = torch.stack([torch.rand(N + 1, V, generator=g, device=device) for g in generators])
+        state.noise = -torch.log(-torch.log(u.clamp(1e-20, 1 - 1e-7)))
+
+    def next_drafts(
+        self,
+        p: torch.Tensor,
+        drafts: torch.Tensor,
+        q: torch.Tensor,
+        n_drafts: torch.Tensor,
+        result: VerifyResult,
+        uniforms: torch.Tensor,
+        positions: torch.Tensor,
+        state: WindowState,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.coupling == "gumbel":
+            samples = gumbel_drafts(p, state.noise, positions)
+        else:
+            samples = sample_from(p, uniforms)  # the bonus slot and padding: nothing to couple with
+            if self.coupling == "maximal" and drafts.shape[1]:
+                samples = maximal_coupling_drafts(p, drafts, q, n_drafts, result.accepted, uniforms, samples)
+        return samples, p
+
+
+def gumbel_drafts(p: torch.Tensor, noise: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[B, W] argmax(log p + g) with g the fixed Gumbel vector of each slot's position.
+
+    p [B, W, V], noise [B, N + 1, V] (the last row serves window padding past the image)."""
+    rows = torch.arange(p.shape[0], device=p.device)[:, None]
+    g = noise[rows, positions.clamp(max=noise.shape[1] - 1)]
+    return (p.log() + g).argmax(-1)  # log 0 = -inf: ids outside the support never win
+
+
+def maximal_coupling_drafts(
+    p: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor,
+    n_drafts: torch.Tensor,
+    accepted: torch.Tensor,
+    uniforms: torch.Tensor,
+    fresh: torch.Tensor,
+) -> torch.Tensor:
+    """[B, W]: each draft slot keeps its draft if its own accept test passed, else a residual
+    sample; slots without a draft take `fresh`. `accepted` [B, D] are the per-draft outcomes of
+    sjd.verify (each test independent of the earlier ones), uniforms [B, W]."""
+    D = drafts.shape[1]
+    redrawn = sample_from(residual(p[:, :D], q), uniforms[:, :D])
+    kept = torch.where(accepted, drafts, redrawn)
+    has_draft = torch.arange(D, device=p.device)[None, :] < n_drafts[:, None]
+    out = fresh.clone()
+    out[:, :D] = torch.where(has_draft, kept, fresh[:, :D])
+    return out

@@ -1,0 +1,94 @@
+"""SJD with a relaxed acceptance rule (lossy comparators): GSD and a LANTERN-style rule.
+
+The loop, drafts and Jacobi update are SJD's (sjd.decoders.sjd); only the test changes, to
+one of the rules in sjd.relaxed, which credit a draft with the target mass of its neighbours
+in the image tokenizer's latent space. Not lossless: the audit reports the distance.
+
+Choices (conf/decoder/gsd.yaml, conf/decoder/lantern.yaml):
+- `neighbours`: how many nearest codes are candidates (GSD's group size G, LANTERN's k);
+- GSD: `p_tol` (released code: 0.15) and `rank_radius` (released code: 7);
+- LANTERN: `delta`, the total-variation budget of credited mass (LANTERN's default 0.1). The
+  published LANTERN is EAGLE-style with a trained drafter; this is its acceptance rule on SJD's
+  training-free drafts, so it says what the relaxation buys, not what LANTERN's drafter buys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from sjd.decoders.sjd import SJDDecoder, WindowState, draw_uniforms
+from sjd.models.base import CODE_EMBEDDINGS, WINDOW, ImageLayout, ModelAdapter
+from sjd.relaxed import (
+    gsd_masses,
+    gsd_rejection,
+    lantern_masses,
+    lantern_rejection,
+    neighbour_table,
+    relaxed_verify,
+)
+from sjd.verify import VerifyResult
+
+RULES = ("gsd", "lantern")
+
+
+class RelaxedSJDDecoder(SJDDecoder):
+    requires = frozenset({WINDOW, CODE_EMBEDDINGS})
+    lossless = False
+
+    def __init__(
+        self,
+        name: str = "gsd",
+        window: int = 16,
+        init: str = "random",
+        acceptance: str = "gsd",
+        neighbours: int = 3,
+        p_tol: float = 0.15,
+        rank_radius: int = 7,
+        delta: float = 0.1,
+        ar_prefix: int = 1,
+        ar_suffix: int = 0,
+    ) -> None:
+        if acceptance not in RULES:
+            raise ValueError(f"decoder.acceptance must be one of {RULES}, got {acceptance!r}")
+        if neighbours < 1 or rank_radius < 0 or p_tol < 0 or delta < 0:
+            raise ValueError(
+                "decoder.neighbours must be >= 1 and decoder.rank_radius, decoder.p_tol, decoder.delta >= 0, "
+                f"got {neighbours}, {rank_radius}, {p_tol}, {delta}"
+            )
+        super().__init__(name, window, init, ar_prefix, ar_suffix)
+        self.acceptance, self.neighbours = acceptance, neighbours
+        self.p_tol, self.rank_radius, self.delta = p_tol, rank_radius, delta
+
+    def check(self, adapter: ModelAdapter) -> None:
+        super().check(adapter)
+        self._table = neighbour_table(adapter.code_embeddings(), adapter.layout.free_tokens, self.neighbours)
+
+    def begin(self, state: WindowState, layout: ImageLayout, generators: Sequence[torch.Generator]) -> None:
+        if not hasattr(self, "_table"):
+            raise RuntimeError(f"decoder {self.name!r}: call check(adapter) before generate (it builds the neighbours)")
+        self._table = self._table.to(state.tokens.device)
+
+    def verify(
+        self,
+        p: torch.Tensor,
+        drafts: torch.Tensor,
+        q: torch.Tensor,
+        widths: list[int],
+        generators: Sequence[torch.Generator],
+        positions: torch.Tensor,
+        state: WindowState,
+    ) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
+        n_drafts = torch.tensor([max(w - 1, 0) for w in widths], device=p.device)
+        u_accept, u_jacobi = draw_uniforms(generators, widths, p.shape[1], p.device)
+        u_final = u_accept.gather(1, n_drafts[:, None]).squeeze(1)
+        if self.acceptance == "gsd":
+            target, draft, _ = gsd_masses(p, q, drafts, self._table, self.p_tol, self.rank_radius)
+            on_reject = gsd_rejection(p, q)
+        else:
+            target, draft, credited = lantern_masses(p, q, drafts, self._table, self.delta)
+            on_reject = lantern_rejection(p, drafts, self._table, credited)
+        result = relaxed_verify(p, drafts, q, n_drafts, u_accept[:, :-1], u_final, target, draft, on_reject)
+        samples, samples_q = self.next_drafts(p, drafts, q, n_drafts, result, u_jacobi, positions, state)
+        return result, samples, samples_q

@@ -1,0 +1,148 @@
+"""Coupled SJD (SCD's Gumbel and maximal coupling, our combination): the couplings' marginals,
+greedy equality with AR, batch independence, and the exactness audit (with the trap it catches)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from scipy.stats import chisquare
+
+from sjd.audit import draw_samples
+from sjd.decoders.ar import ARDecoder
+from sjd.decoders.coupled import CoupledSJDDecoder, gumbel_drafts, maximal_coupling_drafts
+from sjd.models.micro import MicroAdapter
+from sjd.prompts import load_prompt_file
+from sjd.provenance import make_generators
+from sjd.sampling import SamplingConfig, sample_from
+from sjd.verify import accept_tests
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = load_prompt_file("sjd/assets/prompts/toy.tsv")[:4]
+GREEDY = SamplingConfig(cfg_scale=3.0, temperature=0.0)
+SAMPLED = SamplingConfig(cfg_scale=3.0, temperature=1.0)
+COUPLED = [
+    CoupledSJDDecoder(window=16, init="random", coupling="gumbel"),
+    CoupledSJDDecoder(window=16, init="random", coupling="maximal"),
+    CoupledSJDDecoder(window=7, init="vertical", coupling="maximal"),
+    CoupledSJDDecoder(window=16, init="vertical", coupling="gumbel", forced_drafts=False),
+]
+
+
+def gens(prompts, seed=0):
+    return make_generators(seed, [p.prompt_id for p in prompts], torch.device("cpu"))
+
+
+def test_maximal_coupling_turns_q_draws_into_p_draws_and_keeps_the_overlap():
+    """The continuation step: a draft d ~ q goes out distributed as p, and stays put with
+    probability sum(min(p, q)) (the maximal coupling)."""
+    g = torch.Generator().manual_seed(0)
+    V, N = 6, 200_000
+    p = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.0, 0.2])
+    q = torch.tensor([0.3, 0.1, 0.1, 0.2, 0.3, 0.0])
+    drafts = sample_from(q.expand(N, V), torch.rand(N, generator=g))[:, None]
+    P, Q = p.expand(N, 2, V), q.expand(N, 1, V)
+    accepted = accept_tests(P, drafts, Q, torch.rand(N, 1, generator=g))
+    fresh = sample_from(P, torch.rand(N, 2, generator=g))
+    out = maximal_coupling_drafts(P, drafts, Q, torch.ones(N, dtype=torch.long), accepted, torch.rand(N, 2), fresh)
+    counts = torch.bincount(out[:, 0], minlength=V).numpy()
+    assert counts[4] == 0  # p has no mass there
+    support = p > 0
+    assert chisquare(counts[support.numpy()], (p[support].double() * N).numpy()).pvalue > 1e-3
+    stay = (out[:, 0] == drafts[:, 0]).float().mean().item()
+    assert abs(stay - torch.minimum(p, q).sum().item()) < 0.01
+    assert torch.equal(out[:, 1], fresh[:, 1])  # the bonus slot has nothing to couple with
+
+
+def test_gumbel_drafts_sample_p_and_stay_put_when_p_barely_moves():
+    g = torch.Generator().manual_seed(1)
+    V, N = 8, 100_000
+    p = torch.softmax(torch.randn(V, generator=g), 0)
+    p_moved = torch.softmax(p.log() + 0.05 * torch.randn(V, generator=g), 0)
+    noise = -torch.log(-torch.log(torch.rand(N, 2, V, generator=g)))
+    positions = torch.zeros(N, 1, dtype=torch.long)
+    a = gumbel_drafts(p.expand(N, 1, V), noise, positions)[:, 0]
+    b = gumbel_drafts(p_moved.expand(N, 1, V), noise, positions)[:, 0]
+    assert (
+        chisquare(torch.bincount(a, minlength=V).double().numpy(), (p.double() / p.double().sum() * N).numpy()).pvalue
+        > 1e-3
+    )
+    independent = (p * p_moved).sum().item()
+    assert (a == b).float().mean().item() > 0.9 > independent  # coupled, far above independent draws
+
+
+@pytest.mark.parametrize("decoder", COUPLED, ids=["gumbel", "maximal", "maximal-vertical-w7", "gumbel-unforced"])
+def test_greedy_coupled_decoders_equal_greedy_ar(toy, decoder):
+    ar = ARDecoder().generate(toy, PROMPTS, GREEDY, gens(PROMPTS))
+    out = decoder.generate(toy, PROMPTS, GREEDY, gens(PROMPTS, seed=5))
+    assert torch.equal(ar.tokens, out.tokens)
+    assert all(n < toy.layout.n_tokens for n in out.n_forward)
+
+
+@pytest.mark.parametrize("decoder", COUPLED[:3], ids=["gumbel", "maximal", "maximal-vertical-w7"])
+def test_sampled_coupled_decoders_keep_the_grammar(toy, decoder):
+    res = decoder.generate(toy, PROMPTS, SAMPLED, gens(PROMPTS))
+    forced = toy.layout.forced
+    assert (res.tokens[:, forced >= 0] == forced[forced >= 0]).all()
+    assert toy.layout.free_tokens[res.tokens[:, forced < 0]].all()
+    assert [sum(a) for a in res.accepted] == [toy.layout.n_tokens] * len(PROMPTS)
+
+
+@pytest.mark.parametrize("coupling", ["gumbel", "maximal"])
+def test_audit_samples_are_the_same_at_batch_1_and_batch_25(coupling):
+    """Each row follows its own trajectory from its own generator, so the batch > 1 audit below
+    also audits batch 1 (running N = 20,000 one at a time would take half an hour)."""
+    adapter, sampling = MicroAdapter(), SamplingConfig(cfg_scale=2.0)
+    decoder = CoupledSJDDecoder(window=4, init="vertical", coupling=coupling)
+    one = draw_samples(decoder, adapter, sampling, "a", 50, 1, 0, "d")
+    many = draw_samples(decoder, adapter, sampling, "a", 50, 25, 0, "d")
+    assert torch.equal(one, many)
+
+
+spec = importlib.util.spec_from_file_location("audit_script", ROOT / "scripts" / "audit.py")
+audit_script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(audit_script)
+
+
+def run_audit(overrides):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        cfg = compose("audit", overrides=overrides)
+    GlobalHydra.instance().clear()
+    return audit_script.audit(cfg)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["decoder=scd"],
+        ["decoder=scd", "decoder.coupling=maximal"],
+        ["decoder=csjd"],
+        ["decoder=csjd", "decoder.coupling=gumbel"],
+    ],
+    ids=["scd-gumbel", "scd-maximal", "csjd", "csjd-gumbel"],
+)
+def test_coupled_decoders_pass_the_exact_audit(overrides):
+    report = run_audit([*overrides, "n_samples=20000"])
+    assert report["lossless_expected"]
+    assert report["p_value"] > 1e-3, report
+    assert report["tv_distance"] < 2 * report["ar_tv_distance"] + 0.01, report
+
+
+def test_the_audit_catches_a_kept_draft_that_keeps_its_old_q(monkeypatch):
+    """A draft kept by the continuation test is distributed as the new p; storing its old q
+    instead (as one released SCD-MC file does) biases the next test, and the audit sees it."""
+    original = CoupledSJDDecoder.next_drafts
+
+    def old_q_for_kept_drafts(self, p, drafts, q, n_drafts, result, uniforms, positions, state):
+        samples, samples_q = original(self, p, drafts, q, n_drafts, result, uniforms, positions, state)
+        samples_q = samples_q.clone()
+        D = drafts.shape[1]
+        samples_q[:, :D] = torch.where(result.accepted[..., None], q, samples_q[:, :D])
+        return samples, samples_q
+
+    monkeypatch.setattr(CoupledSJDDecoder, "next_drafts", old_q_for_kept_drafts)
+    report = run_audit(["decoder=csjd", "n_samples=20000"])
+    assert report["p_value"] < 1e-6, report
