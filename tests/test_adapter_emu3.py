@@ -301,3 +301,10 @@ def test_missing_weights_name_the_model_path_and_config_key(tmp_path):
     missing.mkdir()  # a directory without a checkpoint
     with pytest.raises(FileNotFoundError, match=r"config\.json.*model\.adapter\.weights"):
         Emu3Adapter(weights=str(missing))
+
+
+def test_code_embeddings_are_the_vq_codebook_at_each_codes_id(emu3):
+    table = emu3.code_embeddings()
+    codebook = emu3.model.model.vqmodel.quantize.embedding.weight.detach().float()
+    assert torch.equal(table[emu3.vocab.code_ids], codebook)
+    assert table[~emu3.layout.free_tokens].abs().sum() == 0

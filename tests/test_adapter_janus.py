@@ -269,3 +269,8 @@ def test_missing_weights_directory_names_model_path_and_config_key(tmp_path):
         JanusAdapter(weights=str(missing), name="janus")
     msg = str(err.value)
     assert "'janus'" in msg and str(missing) in msg and "model.adapter.weights" in msg
+
+
+def test_code_embeddings_are_the_generation_vq_codebook(janus):
+    codebook = janus.model.model.vqmodel.quantize.embedding.weight.detach().float()
+    assert torch.equal(janus.code_embeddings()[: codebook.shape[0]], codebook)

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sjd.models.base import ImageLayout, Prompt
+from sjd.models.base import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt, codebook_by_id
 from sjd.models.causal_lm import CausalLMAdapter
 
 # Official Emu3 sampling prompts (baaivision/Emu3 README / image_generation.py; SJD's test_emu3.py).
@@ -167,6 +167,12 @@ def _torch_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 class Emu3Adapter(CausalLMAdapter):
     """Emu3-Gen: text prompt + image-size prefix in, h x (w + EOL) codes + EOF, EOI, EOS out."""
+
+    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
+
+    def code_embeddings(self) -> torch.Tensor:
+        """The VQ codebook entry of every image code, at its vocabulary id (GSD, LANTERN-style)."""
+        return codebook_by_id(self.model.model.vqmodel.quantize.embedding.weight, self.vocab.code_ids, self.layout)
 
     def __init__(
         self,

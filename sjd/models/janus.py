@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import CausalLMOutput
 
-from sjd.models.base import ImageLayout, Logits, Prompt
+from sjd.models.base import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Logits, Prompt, codebook_by_id
 from sjd.models.causal_lm import CausalLMAdapter
 from sjd.models.ragged_cache import RaggedCache
 
@@ -118,6 +118,13 @@ def _dtype(dtype: str | None, device: torch.device) -> torch.dtype:
 class JanusAdapter(CausalLMAdapter):
     """Janus-Pro text-to-image generation. Build with the constructor (a checkpoint) or with
     `from_model` (an already built `JanusForConditionalGeneration` and a prompt encoder)."""
+
+    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
+
+    def code_embeddings(self) -> torch.Tensor:
+        """The generation VQ's codebook (stream ids are codebook indices) for GSD, LANTERN-style."""
+        codebook = self.model.model.vqmodel.quantize.embedding.weight
+        return codebook_by_id(codebook, torch.arange(codebook.shape[0]), self.layout)
 
     def __init__(
         self,

@@ -1,0 +1,454 @@
+"""GPU smoke check (issue 4): every real architecture at its real size, random weights, through our adapters.
+
+    python scripts/gpu_smoke.py [--models lumina,anole,emu3,janus,llamagen] [--out results/gpu_forward_latency.csv]
+    python scripts/gpu_smoke.py --device cpu --tiny --out /tmp/gpu_smoke_tiny.csv   # the same code, tiny widths
+
+Not part of CI and no test depends on it. For each model the script builds the real configuration (Lumina-mGPT 7B
+and Anole 7B = Chameleon-7B, Emu3-Gen 8B, Janus-Pro 7B, LlamaGen-XL 775M) directly on the device in the run dtype
+with transformers' (or our GPT's) random init, so nothing is downloaded and building takes seconds. The prompt
+encoders are offline character tokenizers, the vocabulary maps carry the real token counts and the layouts are the
+real ones (Lumina 768 px: 48 x 49 + 5 = 2357 tokens; Anole 1026; Emu3 8193; Janus 576; LlamaGen 1024). LlamaGen's
+T5 encoder is a one-layer random stand-in of flan-t5-xl's width: only the GPT is timed.
+
+Per model, batch 1 with CFG (two cache rows, as the decoders run):
+- decode: AR and SJD (window 16) through the real decoders, on the first `--decode-tokens` positions of the real
+  layout (the adapter's layout cut to that prefix), with the model's sampling settings from conf/model/*.yaml.
+  Random weights make SJD's acceptance meaningless; the rows show the loop's cost per forward and per token.
+- forward: the adapter protocol at a fixed context. `--context` generated tokens are written first (in chunks),
+  then `forward(W tokens, start=context)` + `truncate([context])` is timed for every W in `--windows`
+  (CUDA events, warm-up excluded, median of `--repeats`). The context is capped at n_tokens - max(W) of the
+  model's layout: a decoder never attends to more than its own image (the cap is printed and recorded).
+
+One CSV row per (model, measure, window); a model that fails (e.g. out of memory) gets one row with the error and
+the next model runs. Rows are written after every model, so a run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import importlib.metadata
+import platform
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from omegaconf import OmegaConf  # noqa: E402
+
+from sjd.decoders.ar import ARDecoder  # noqa: E402
+from sjd.decoders.sjd import SJDDecoder  # noqa: E402
+from sjd.models.base import ImageLayout, ModelAdapter, Prompt  # noqa: E402
+from sjd.provenance import git_hash, make_generators  # noqa: E402
+from sjd.results import markdown_table  # noqa: E402
+from sjd.sampling import SamplingConfig  # noqa: E402
+
+MODELS = ("lumina", "anole", "emu3", "janus", "llamagen")
+PROMPT = Prompt("smoke", "a red fox sitting in fresh snow at dawn, soft light, highly detailed")
+WRITE_CHUNK = 256  # tokens per forward when writing the context (bounds the logits' memory)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+
+
+@dataclasses.dataclass
+class Built:
+    adapter: ModelAdapter
+    params: int  # parameters of the modules the timed forwards run through
+    note: str = ""
+
+
+# -- building ------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def building(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Create parameters straight on `device` in `dtype` (what from_pretrained does with a dtype): no float32
+    copy of a 7B model, no host-to-device transfer."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def char_encoder(first_id: int) -> Callable[[str], list[int]]:
+    """An offline stand-in tokenizer: one id per character (prompt lengths in characters, not BPE pieces)."""
+    return lambda text: [first_id + ord(c) % 256 for c in text]
+
+
+def counted(model: torch.nn.Module, skip: tuple[str, ...]) -> int:
+    """Parameters outside the `skip` prefixes (image encoders / decoders that generation never runs)."""
+    return sum(p.numel() for n, p in model.named_parameters() if not n.startswith(skip))
+
+
+def chameleon_vocab_map() -> dict[str, int]:
+    """Chameleon's ids for what the adapters read: codes IMGIMG..Z at 4..8195, <eoss> 8196, <racm3:break> 8197,
+    <reservedNNNNN> at NNNNN + 4 (end-of-turn 8710, Lumina's end-of-line 8803, size tokens from 8804)."""
+    digits = str.maketrans("0123456789", "ABCDEFGHIJ")
+    vmap = {"<s>": 0, "<pad>": 1, "</s>": 2, "<image>": 3}
+    vmap |= {f"IMGIMG{str(i).translate(digits)}Z": 4 + i for i in range(8192)}
+    vmap |= {"<eoss>": 8196, "<racm3:break>": 8197}
+    vmap |= {f"<reserved{n:05d}>": n + 4 for n in (8706, 8799, *range(8801, 8865))}
+    return vmap
+
+
+def build_chameleon(kind: str, tiny: bool, device: torch.device, dtype: torch.dtype) -> Built:
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    from sjd.models.anole import AnoleAdapter
+    from sjd.models.lumina import LuminaAdapter
+
+    sizes = dict(TINY, num_key_value_heads=4) if tiny else {}  # Chameleon-7B: ChameleonConfig's defaults
+    vq = dict(embed_dim=8, latent_channels=8, base_channels=32, channel_multiplier=[1, 2], num_res_blocks=1)
+    config = ChameleonConfig(
+        vocab_size=65536, vocabulary_map=chameleon_vocab_map(), bos_token_id=0, pad_token_id=1, eos_token_id=2,
+        vq_config=dict(vq, attn_resolutions=[]) if tiny else None, **sizes,
+    )  # fmt: skip
+    with building(device, dtype):
+        model = ChameleonForConditionalGeneration(config).eval()
+    resolution = int(model_conf(kind).adapter.resolution)
+    encode = char_encoder(20000)
+    if kind == "lumina":
+        grids = resolution // 32
+        adapter = LuminaAdapter.from_model(model, encode, grids, grids, device=str(device))
+    else:
+        side = resolution // 16
+        adapter = AnoleAdapter.from_model(model, encode, side, side, device=str(device))
+    return Built(adapter, counted(model, ("model.vqmodel.",)))
+
+
+def build_emu3(tiny: bool, device: torch.device, dtype: torch.dtype) -> Built:
+    from transformers import Emu3Config, Emu3ForConditionalGeneration
+
+    from sjd.models.emu3 import Emu3Adapter
+
+    # Emu3's ids: Qwen's <|extra_k|> from 151646, BOS/EOS 151849/151850, visual tokens 151854.. (32768 codes).
+    vmap = {"<|endoftext|>": 151643, "<|extra_200|>": 151846, "<|extra_201|>": 151847, "<|image start|>": 151851,
+            "<|image end|>": 151852, "<|image token|>": 151853, "<image>": 151848}  # fmt: skip
+    vmap |= {f"<|visual token {i:06d}|>": 151854 + i for i in range(32768)}
+    vq = dict(codebook_size=32768, embed_dim=4, latent_channels=4, base_channels=32, channel_multiplier=[1, 2],
+              num_res_blocks=1, attn_resolutions=[], hidden_size=64, num_attention_heads=1)  # fmt: skip
+    config = Emu3Config(vocabulary_map=vmap, text_config=TINY if tiny else None, vq_config=vq if tiny else None)
+    with building(device, dtype):
+        model = Emu3ForConditionalGeneration(config).eval()
+    side = int(model_conf("emu3").adapter.resolution) // 8  # 720 px / 8 = 90 codes
+    adapter = Emu3Adapter.from_model(model, char_encoder(1000), side, side, device=str(device))
+    return Built(adapter, counted(model, ("model.vqmodel.",)))
+
+
+def build_janus(tiny: bool, device: torch.device, dtype: torch.dtype) -> Built:
+    from transformers import GenerationConfig, JanusConfig, JanusForConditionalGeneration
+
+    from sjd.models.janus import JanusAdapter
+
+    bos, eos, pad, boi = 100000, 100001, 100015, 100016  # DeepSeek's tokenizer
+    text = dict(model_type="llama", vocab_size=102400, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
+    if tiny:
+        text |= TINY
+        vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=192, patch_size=8,
+                      projection_dim=64, mlp_ratio=2.0)  # fmt: skip
+        vq = dict(embed_dim=8, latent_channels=32, base_channels=32, channel_multiplier=[1, 2, 2, 2],
+                  num_res_blocks=1, projection_dim=64, image_token_embed_dim=64)  # fmt: skip
+    else:  # Janus-Pro-7B: a 30-layer Llama-7B trunk; SigLIP-L vision encoder; VQ-16 at 384 px
+        text |= dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=30, num_attention_heads=32,
+                     num_key_value_heads=32, max_position_embeddings=16384)  # fmt: skip
+        vision = dict(projection_dim=4096)
+        vq = dict(projection_dim=4096, image_token_embed_dim=4096)
+    config = JanusConfig(
+        text_config=text, vision_config=dict(vision, num_image_tokens=576), vq_config=dict(vq, num_patches=24)
+    )
+    with building(device, dtype):
+        model = JanusForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, generation_kwargs={"boi_token_id": boi}
+    )
+    chat = char_encoder(1000)
+
+    def encode(caption: str) -> list[int]:  # DeepSeek's chat template, then begin-of-image
+        return [bos, *chat(f"<|User|>: {caption}\n\n<|Assistant|>:"), boi]
+
+    adapter = JanusAdapter.from_model(model, encode, device=device)
+    # Generation runs the text embeddings (prompt), the trunk and the generation embeddings / aligner / head.
+    skip = ("model.vision_model.", "model.aligner.", "model.vqmodel.", "lm_head.")
+    return Built(adapter, counted(model, skip))
+
+
+def build_llamagen(tiny: bool, device: torch.device, dtype: torch.dtype) -> Built:
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import JanusVQVAE, PreTrainedTokenizerFast, T5Config, T5EncoderModel
+
+    from sjd.models.llamagen import LlamaGenAdapter
+    from sjd.models.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
+    from sjd.models.llamagen_vq import vq_config
+
+    grid = int(model_conf("llamagen").adapter.resolution) // 16
+    if tiny:
+        gpt_cfg = LlamaGenConfig.build(
+            dict(dim=64, n_layer=2, n_head=4, multiple_of=32, caption_dim=32), grid_size=grid
+        )
+        vq_cfg = vq_config(
+            dict(base_channels=32, channel_multiplier=[1, 2], num_res_blocks=1, latent_channels=32), grid
+        )
+    else:
+        gpt_cfg = LlamaGenConfig.build("GPT-XL", grid_size=grid)
+        vq_cfg = vq_config("VQ-16", grid)
+    words = sorted(set(PROMPT.text.lower().split()))
+    backend = Tokenizer(models.WordLevel({"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: 3 + i for i, w in enumerate(words)}},
+                                         unk_token="<unk>"))  # fmt: skip
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
+    # A one-layer random T5 of flan-t5-xl's width stands in for the 1.2B encoder: only the GPT is timed.
+    t5 = T5Config(vocab_size=64, d_model=gpt_cfg.caption_dim, d_kv=64, d_ff=256, num_layers=1, num_heads=4,
+                  pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, dropout_rate=0.0)  # fmt: skip
+    with building(device, dtype):
+        gpt = LlamaGenGPT(gpt_cfg).eval()
+        encoder = T5EncoderModel(t5).eval()
+        vq = JanusVQVAE(vq_cfg).eval()
+    adapter = LlamaGenAdapter.from_parts(gpt, tokenizer, encoder, vq, device=device)
+    return Built(adapter, counted(gpt, ()), note="T5 encoder: tiny random stand-in (only the GPT is timed)")
+
+
+BUILDERS: dict[str, Callable[[bool, torch.device, torch.dtype], Built]] = {
+    "lumina": lambda *a: build_chameleon("lumina", *a),
+    "anole": lambda *a: build_chameleon("anole", *a),
+    "emu3": build_emu3,
+    "janus": build_janus,
+    "llamagen": build_llamagen,
+}
+
+
+def model_conf(name: str):
+    return OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml")
+
+
+def sampling_for(name: str) -> SamplingConfig:
+    s = model_conf(name).sampling
+    return SamplingConfig(cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+
+
+# -- measuring -----------------------------------------------------------------------------------------------
+def timed_ms(device: torch.device, fn: Callable, *args) -> float:
+    """Wall time of one call as the device sees it: CUDA events on an idle GPU (so host work inside the call,
+    e.g. building the cache mask, counts), perf_counter on the CPU."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        fn(*args)
+        return (time.perf_counter() - t0) * 1000
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn(*args)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def random_stream(layout: ImageLayout, n: int, seed: int = 0) -> torch.Tensor:
+    """[1, n] ids that obey the layout's grammar: forced tokens where forced, random free ids elsewhere."""
+    g = torch.Generator().manual_seed(seed)
+    free = layout.free_token_ids
+    ids = free[torch.randint(len(free), (n,), generator=g)]
+    forced = layout.forced[:n]
+    return torch.where(forced >= 0, forced, ids)[None]
+
+
+def forward_latencies(
+    adapter: ModelAdapter, context: int, windows: list[int], warmup: int, repeats: int
+) -> dict[int, float]:
+    """Median ms of forward(W tokens at start=context) + truncate, per window W, batch 1 with CFG."""
+    stream = random_stream(adapter.layout, context + max(windows)).to(adapter.device)
+    adapter.prefill([PROMPT], with_uncond=True)
+    for s in range(0, context, WRITE_CHUNK):
+        adapter.forward(stream[:, s : min(s + WRITE_CHUNK, context)], [s])
+    medians = {}
+    for w in windows:
+        tokens, times = stream[:, context : context + w], []
+        for i in range(warmup + repeats):
+            ms = timed_ms(adapter.device, adapter.forward, tokens, [context])
+            adapter.truncate([context])
+            if i >= warmup:
+                times.append(ms)
+        medians[w] = statistics.median(times)
+    return medians
+
+
+def prefix_layout(layout: ImageLayout, n: int) -> ImageLayout:
+    """The first n positions of a layout: decoders then stop after n tokens (the cache is what a full run has)."""
+    n = min(n, layout.n_tokens)
+    return dataclasses.replace(layout, n_tokens=n, height=max(1, n // layout.row_stride), forced=layout.forced[:n])
+
+
+def decode(adapter: ModelAdapter, decoder, sampling: SamplingConfig, n: int) -> dict:
+    full = adapter.layout
+    adapter.layout = prefix_layout(full, n)
+    try:
+        gens = make_generators(0, [PROMPT.prompt_id], adapter.device)
+        result = decoder.generate(adapter, [PROMPT], sampling, gens)
+    finally:
+        adapter.layout = full
+    n, forwards = result.tokens.shape[1], result.n_forward[0]
+    ms = result.decode_s * 1000
+    return {
+        "tokens": n,
+        "n_forward": forwards,
+        "decode_ms": ms,
+        "ms_per_token": ms / n,
+        "ms_per_forward": ms / forwards,
+    }
+
+
+def measure_model(name: str, args, device: torch.device, dtype: torch.dtype, rows: list[dict]) -> None:
+    """Append the model's decode and forward rows to `rows` as they are measured (a failure keeps the earlier ones)."""
+    built = BUILDERS[name](args.tiny, device, dtype)
+    adapter, layout = built.adapter, built.adapter.layout
+    base = {"model": name, "params_b": round(built.params / 1e9, 3), "layout_tokens": layout.n_tokens}
+    note = "; ".join(x for x in [built.note, "random weights" + (", tiny widths" if args.tiny else "")] if x)
+    print(f"  built {name}: {base['params_b']} B timed parameters, layout {layout.n_tokens} tokens", flush=True)
+    context = min(args.context, layout.n_tokens - max(args.windows))
+    if context < 1:
+        raise ValueError(f"{name}: its {layout.n_tokens} layout tokens leave no context for window {max(args.windows)}")
+
+    sampling = sampling_for(name)
+    decoders = [ARDecoder(), SJDDecoder(name=f"sjd{args.sjd_window}", window=args.sjd_window)]
+    for d in decoders:  # warm-up: kernels, allocator, the sampling path's tables
+        decode(adapter, d, sampling, min(32, args.decode_tokens))
+    for d in decoders:
+        stats = decode(adapter, d, sampling, args.decode_tokens)
+        rows.append({**base, "measure": f"decode_{d.name}", **stats,
+                     "note": f"{note}; acceptance of random weights is not meaningful"})  # fmt: skip
+
+    if context < args.context:
+        print(f"  context capped at {context} = {layout.n_tokens} layout tokens - window {max(args.windows)}")
+    medians = forward_latencies(adapter, context, args.windows, args.warmup, args.repeats)
+    for w, ms in medians.items():
+        rows.append({**base, "measure": "forward", "context": context, "window": w, "repeats": args.repeats,
+                     "median_ms": ms, "ratio_vs_window1": ms / medians[args.windows[0]], "note": note})  # fmt: skip
+
+
+def environment(device: torch.device, dtype: torch.dtype) -> dict:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    return {"dtype": str(dtype).removeprefix("torch."), "device_name": name, "torch": torch.__version__,
+            "transformers": importlib.metadata.version("transformers"), "git": git_hash()}  # fmt: skip
+
+
+def free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+COLUMNS = ["model", "params_b", "dtype", "measure", "context", "window", "repeats", "median_ms", "ratio_vs_window1",
+           "tokens", "n_forward", "decode_ms", "ms_per_token", "ms_per_forward", "layout_tokens", "peak_gb",
+           "model_s", "device_name", "torch", "transformers", "git", "note", "error"]  # fmt: skip
+SHOWN = ["model", "params_b", "measure", "context", "window", "median_ms", "ratio_vs_window1", "tokens", "n_forward",
+         "ms_per_token", "ms_per_forward", "peak_gb", "error"]  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                    help="auto: bfloat16 on GPU, float32 on CPU (the adapters' own default)")  # fmt: skip
+    ap.add_argument("--tiny", action="store_true", help="tiny widths and depths, real vocabularies and layouts")
+    ap.add_argument("--context", type=int, help="generated tokens before the timed window (default 2400; tiny 256)")
+    ap.add_argument("--windows", default="1,16,32,64", help="forward widths to time, the first is the reference")
+    ap.add_argument("--decode-tokens", type=int, help="tokens AR and SJD decode (default 200; tiny 48)")
+    ap.add_argument("--sjd-window", type=int, default=16)
+    ap.add_argument("--repeats", type=int, help="timed forwards per window (default 10; tiny 3)")
+    ap.add_argument("--warmup", type=int, help="untimed forwards per window first (default 3; tiny 1)")
+    ap.add_argument("--max-seconds", type=float, default=420.0, help="skip the remaining models after this long")
+    ap.add_argument("--out", type=Path, help="CSV (default results/gpu_forward_latency.csv; tiny: ..._tiny.csv)")
+    args = ap.parse_args(argv)
+    defaults = dict(context=256, decode_tokens=48, repeats=3, warmup=1) if args.tiny else {}
+    defaults = {"context": 2400, "decode_tokens": 200, "repeats": 10, "warmup": 3, **defaults}
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    suffix = "_tiny" if args.tiny else ""
+    args.out = args.out or ROOT / "results" / f"gpu_forward_latency{suffix}.csv"
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = sorted(set(args.models) - set(MODELS))
+    if unknown:
+        ap.error(f"--models: unknown {unknown}; choose from {','.join(MODELS)}")
+    args.windows = [int(w) for w in args.windows.split(",")]
+    if min(args.windows) < 1 or args.repeats < 1 or args.warmup < 0 or args.decode_tokens < 1:
+        ap.error("--windows, --repeats and --decode-tokens must be >= 1 and --warmup >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA device visible (use --device cpu --tiny for the CPU check)")
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32}.get(args.dtype)
+    dtype = dtype or getattr(torch, args.dtype)
+    env = environment(device, dtype)
+    print(
+        f"{env['device_name']}, {env['dtype']}, torch {env['torch']}, transformers {env['transformers']}, "
+        f"git {env['git']}; context {args.context}, windows {args.windows}, batch 1 with CFG",
+        flush=True,
+    )
+    t_start, rows = time.perf_counter(), []
+    for name in args.models:
+        if time.perf_counter() - t_start > args.max_seconds:
+            rows.append({"model": name, "error": f"skipped: --max-seconds {args.max_seconds:g} spent"})
+            print(f"{name}: skipped (--max-seconds {args.max_seconds:g} spent)")
+            continue
+        print(f"{name}:", flush=True)
+        t0 = time.perf_counter()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        got: list[dict] = []
+        try:
+            measure_model(name, args, device, dtype, got)
+        except Exception as err:  # an OOM or a broken adapter: record it, go on with the next model
+            traceback.print_exc()
+            got.append({"model": name, "error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"})
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        seconds = time.perf_counter() - t0
+        rows += [{**r, "peak_gb": peak, "model_s": seconds} for r in got]
+        free_memory(device)
+        print(f"  {name}: {seconds:.1f} s", flush=True)
+        write(rows, env, args.out)
+    write(rows, env, args.out)
+    print(f"total {time.perf_counter() - t_start:.1f} s; wrote {args.out}")
+    print(markdown_table(shown(rows), floatfmt=".2f"))
+
+
+INT_COLUMNS = ("context", "window", "repeats", "tokens", "n_forward", "layout_tokens")
+
+
+def frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
+    """Rows as a table of `columns`, counts as integers (blank, not NaN-float, where a measure has none)."""
+    table = pd.DataFrame(rows).reindex(columns=columns)
+    for col in INT_COLUMNS:
+        if col in table:
+            table[col] = table[col].astype("Int64")
+    return table
+
+
+def shown(rows: list[dict]) -> pd.DataFrame:
+    table = frame(rows, SHOWN)
+    return table.astype(object).where(table.notna(), "")
+
+
+def write(rows: list[dict], env: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    frame([{**env, **r} for r in rows], COLUMNS).to_csv(out, index=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Anole 7B (`leloy/Anole-7b-v0.1-hf`), a Chameleon model, through transformers' classes.
+
+Prompt, as SJD's Anole path builds it (`get_anole_forward_func`: "Generate an image of " + caption
+through the Chameleon processor, which adds BOS and appends the separator `<reserved08706>`):
+
+    BOS  "Generate an image of {caption}"  <reserved08706>
+
+(GAIR-NLP's own text2image.py likewise closes the instruction with the end-of-turn sentinel.)
+
+Layout, as transformers' "image-only" generation mode constrains it (`max_new_tokens` 1026):
+
+    <racm3:break>  32 x 32 codes (raster order, no end-of-line)  <eoss>
+
+1026 tokens at 512 px (16 px per code); begin- and end-of-image are forced, code positions allow
+exactly the 8192 image-code ids. With no end-of-line token PJD refuses this model (its rows have
+no anchor).
+
+CFG: SJD's batched construction, as for Lumina-mGPT (sjd.models.chameleon; SJD runs Anole through
+the same sampler). Images decode through our Chameleon VQGAN: Anole reuses Chameleon's image
+tokenizer unchanged, so `model.adapter.vqgan` is the same vqgan.yaml / vqgan.ckpt directory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sjd.models.base import ImageLayout
+from sjd.models.chameleon import ChameleonAdapter, ChameleonVocab, TextEncoder, as_encoder, chameleon_layout
+from sjd.models.chameleon import load_chameleon as _load
+from sjd.models.chameleon_vqgan import ChameleonVQGAN
+
+QUESTION = "Generate an image of {text}"
+CODE_PX = 16  # pixels per VQGAN code
+
+
+def anole_layout(vocab: ChameleonVocab, height: int, width: int) -> ImageLayout:
+    return chameleon_layout(vocab, height, width, [vocab.image_start], [vocab.image_end])
+
+
+class AnoleAdapter(ChameleonAdapter):
+    """Anole: instruction + end-of-turn in, begin-of-image, codes, end-of-image out."""
+
+    title = "Anole"
+
+    def __init__(
+        self,
+        weights: str = "leloy/Anole-7b-v0.1-hf",
+        vqgan: str | None = None,
+        name: str = "anole",
+        device: str = "cpu",
+        resolution: int = 512,
+        dtype: str | None = "auto",
+        trust_remote_code: bool = False,
+        prompt_template: str = QUESTION,
+    ) -> None:
+        if resolution < CODE_PX or resolution % CODE_PX:
+            raise ValueError(f"model.adapter.resolution={resolution} must be a positive multiple of {CODE_PX}")
+        dev = torch.device(device)
+        model, encode, bos = _load(weights, name, self.title, dev, dtype, trust_remote_code)
+        side = resolution // CODE_PX
+        self._init(model, encode, side, side, self.vqgan_from(vqgan, name, dev), dev, name, prompt_template, bos)
+
+    @classmethod
+    def from_model(
+        cls,
+        model: torch.nn.Module,
+        tokenizer,
+        height: int,
+        width: int,
+        vqgan: ChameleonVQGAN | None = None,
+        device: str = "cpu",
+        name: str = "anole",
+        prompt_template: str = QUESTION,
+    ) -> AnoleAdapter:
+        """Wrap a built `ChameleonForConditionalGeneration` (e.g. a tiny random one) with a tokenizer
+        or a callable str -> ids, for a `height` x `width` code grid."""
+        self = cls.__new__(cls)
+        self._init(
+            model, as_encoder(tokenizer), height, width, vqgan, torch.device(device), name, prompt_template, None
+        )
+        return self
+
+    def _init(
+        self,
+        model: torch.nn.Module,
+        encode: TextEncoder,
+        height: int,
+        width: int,
+        vqgan: ChameleonVQGAN | None,
+        device: torch.device,
+        name: str,
+        prompt_template: str,
+        bos: int | None,
+    ) -> None:
+        vocab = ChameleonVocab.from_config(model.config, name, bos)
+        self._setup(model, encode, vocab, anole_layout(vocab, height, width), vqgan, device, name, prompt_template)

@@ -1,0 +1,297 @@
+"""LlamaGen-XL text-to-image (FoundationVision/LlamaGen): our GPT module, T5 captions, VQ-16 decoding.
+
+Prompt. The caption goes through flan-t5-xl's encoder the way the official T2I sample script
+(`autoregressive/sample/sample_t2i.py` with `language/t5.py`) does it: tokenised with special tokens (the closing
+`</s>`), padded to and truncated at `max_length = cls_token_num = 120` tokens, encoded with the padding mask.
+The features are then left-padded (valid tokens rolled to the end, padding in front and zeroed) and projected by
+the GPT's caption MLP into the 120 caption slots. The padding mask hides the padded caption slots from every
+query (a padded slot only sees itself, so it stays finite); caption slots have no rotary rotation to depend on,
+so a caption's logits do not depend on its length or its batch. Text cleaning: the official embedder cleans
+captions with ftfy, BeautifulSoup and a long list of regexes (`clean_caption`); we apply only its simple branch
+(`lower().strip()`). The two agree on plain captions (words, spaces, commas, a final period); captions with URLs,
+HTML, unusual punctuation or letter-digit codes can reach T5 differently.
+
+Layout. Generated position 0 is the first image code: the stream is the 32 x 32 = 1024 VQ-16 codes of a 512 px
+image in raster order, with no begin- or end-of-image token and no end-of-line token. Nothing is forced and every
+position is free over the whole 16384-code codebook; token ids are codebook indices (the GPT's vocabulary is the
+codebook). PJD, which needs end-of-line tokens, refuses this layout.
+
+CFG. As the official `generate`: the unconditional rows replace the caption by the learned null caption
+(`cls_embedding.uncond_embedding`, projected by the same MLP), and keep the *conditional* row's caption padding
+mask (the release builds both halves' masks from the same `emb_masks`). Both halves run as one batch; the shared
+pipeline mixes raw logits as `uncond + s * (cond - uncond)`, the release's formula.
+
+Cache. A `RaggedCache` over our GPT (every row's prompt is the 120 caption slots), so windows, ragged rows,
+truncation and the `custom_mask` capability work as for the transformers models.
+
+Images. Codes decode through transformers' Janus VQ model loaded from the released `vq_ds16_t2i.pt` after a key
+rename (sjd/models/llamagen_vq.py); [-1, 1] maps to uint8 the way the sample script's `save_image` does it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sjd.models.base import (
+    CODE_EMBEDDINGS,
+    CUSTOM_MASK,
+    WINDOW,
+    ImageLayout,
+    Logits,
+    ModelAdapter,
+    Prompt,
+    codebook_by_id,
+)
+from sjd.models.llamagen_gpt import LlamaGenConfig, LlamaGenGPT, load_gpt
+from sjd.models.llamagen_vq import downsample_factor, load_vq, vq_config
+from sjd.models.ragged_cache import RaggedCache
+
+GPT_KEY, VQ_KEY, T5_KEY = "model.adapter.weights", "model.adapter.vq_weights", "model.adapter.t5"
+_HUB_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HUB_FILE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+/[\w.-]+$")
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_file(value: str | Path, name: str, key: str, what: str) -> str:
+    """A local checkpoint file, or `owner/repo/file` on the hub (downloaded, or read from the local hub cache).
+    Anything else is a missing file, reported with the model, the path and the config key."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        return str(path)
+    text = str(value)
+    fix = f"Set `{key}` to the local file, or to `owner/repo/file` on the hub (e.g. peizesun/llamagen_t2i/...)."
+    looks_hub = _HUB_FILE.match(text) and not path.exists() and not Path(text.split("/")[0]).is_dir()
+    if not looks_hub:
+        raise FileNotFoundError(f"model {name!r}: no {what} at {path.absolute()}. {fix}")
+    from huggingface_hub import hf_hub_download
+
+    repo, filename = text.rsplit("/", 1)
+    try:
+        return hf_hub_download(repo_id=repo, filename=filename)
+    except Exception as err:  # offline without a cached copy, unknown repo or file
+        raise FileNotFoundError(
+            f"model {name!r}: could not get the {what} {text!r} from the hub ({type(err).__name__}: {err}), "
+            f"and there is no local file {path.absolute()}. {fix}"
+        ) from err
+
+
+def resolve_t5(value: str | Path, name: str) -> tuple[str, bool]:
+    """(what to pass to from_pretrained, whether it is a local directory): a directory, or a hub id."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        return str(path), True
+    text = str(value)
+    if _HUB_REPO.match(text) and not path.exists() and not Path(text.split("/")[0]).is_dir():
+        return text, False
+    raise FileNotFoundError(
+        f"model {name!r}: no T5 encoder directory at {path.absolute()}. Set `{T5_KEY}` to a local directory "
+        "holding flan-t5-xl in transformers format (config.json, weights, tokenizer files) or to the hub id "
+        "google/flan-t5-xl."
+    )
+
+
+def _torch_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"model.adapter.dtype must be auto or one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def left_pad(features: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded T5 output [B, L, D] and mask [B, L] -> valid tokens moved to the end, padding zeroed in front
+    (the sample script's left padding), and the matching bool mask."""
+    valid = mask.sum(1).tolist()
+    L = mask.shape[1]
+    rows = [torch.cat([f[n:], f[:n]]) for f, n in zip(features, valid)]
+    new_mask = torch.arange(L, device=mask.device)[None, :] >= torch.tensor([L - n for n in valid])[:, None].to(
+        mask.device
+    )
+    return torch.stack(rows) * new_mask[..., None].to(features.dtype), new_mask
+
+
+class LlamaGenAdapter(ModelAdapter):
+    """LlamaGen T2I. Build with the constructor (checkpoint files) or `from_parts` (built modules)."""
+
+    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
+
+    def code_embeddings(self) -> torch.Tensor:
+        """The VQ-16 codebook (stream ids are codebook indices) for GSD, LANTERN-style."""
+        codebook = self.vq.quantize.embedding.weight
+        return codebook_by_id(codebook, torch.arange(codebook.shape[0]), self.layout)
+
+    def __init__(
+        self,
+        weights: str = "peizesun/llamagen_t2i/t2i_XL_stage2_512.pt",
+        vq_weights: str = "peizesun/llamagen_t2i/vq_ds16_t2i.pt",
+        t5: str = "google/flan-t5-xl",
+        name: str = "llamagen",
+        device: str = "cpu",
+        dtype: str | None = "auto",
+        resolution: int = 512,
+        gpt_model: str | Mapping = "GPT-XL",
+        vq_model: str | Mapping = "VQ-16",
+    ) -> None:
+        from transformers import AutoTokenizer, T5EncoderModel
+
+        dev = torch.device(device)
+        torch_dtype = _torch_dtype(dtype, dev)
+        gpt_path = resolve_file(weights, name, GPT_KEY, "LlamaGen GPT checkpoint")
+        vq_path = resolve_file(vq_weights, name, VQ_KEY, "VQ tokenizer checkpoint")
+        t5_source, local = resolve_t5(t5, name)
+        factor = downsample_factor(vq_config(vq_model, 1))
+        if resolution < factor or resolution % factor:
+            raise ValueError(f"model.adapter.resolution={resolution} must be a multiple of the VQ factor {factor}")
+        grid = resolution // factor
+        gpt = load_gpt(gpt_path, LlamaGenConfig.build(gpt_model, grid_size=grid))
+        vq = load_vq(vq_path, vq_config(vq_model, grid))
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(t5_source, local_files_only=local)
+            encoder = T5EncoderModel.from_pretrained(
+                t5_source, local_files_only=local, dtype=torch_dtype, use_safetensors=True
+            )
+        except OSError as err:  # hub id not cached while offline, or an incomplete directory
+            raise FileNotFoundError(
+                f"model {name!r}: could not load the T5 encoder from {t5_source!r} ({err}). Set `{T5_KEY}` to a "
+                "local directory holding it (safetensors weights and tokenizer files), or to a hub id while online."
+            ) from err
+        self._setup(gpt.to(dev, torch_dtype), tokenizer, encoder, vq, name, dev)
+
+    @classmethod
+    def from_parts(
+        cls,
+        gpt: LlamaGenGPT,
+        tokenizer,
+        text_encoder: torch.nn.Module,
+        vq: torch.nn.Module,
+        name: str = "llamagen",
+        device: str | torch.device | None = None,
+    ) -> LlamaGenAdapter:
+        """Wrap built modules (e.g. tiny random ones in tests): our GPT, a T5 tokenizer and encoder, a Janus VQ."""
+        self = cls.__new__(cls)
+        dev = torch.device(device) if device is not None else next(gpt.parameters()).device
+        self._setup(gpt, tokenizer, text_encoder, vq, name, dev)
+        return self
+
+    def _setup(self, gpt: LlamaGenGPT, tokenizer, text_encoder, vq, name: str, device: torch.device) -> None:
+        cfg = gpt.config
+        width = int(text_encoder.config.d_model)
+        if width != cfg.caption_dim:
+            raise ValueError(
+                f"model {name!r}: the T5 encoder gives {width}-d features, the GPT's caption projection takes "
+                f"{cfg.caption_dim}-d ({T5_KEY} and {GPT_KEY} do not belong together)"
+            )
+        vq_grid = tuple(vq.quantize.quant_state_dims)
+        if vq_grid != (cfg.grid_size, cfg.grid_size):
+            raise ValueError(f"model {name!r}: the VQ decodes {vq_grid} codes, the GPT makes {cfg.grid_size}^2")
+        self.name, self.device = name, device
+        self.gpt = gpt.eval().to(device)
+        self.tokenizer = tokenizer
+        self.text_encoder = text_encoder.eval().to(device)
+        self.vq = vq.eval().to(device)
+        self.pixels = cfg.grid_size * downsample_factor(vq.config)
+        n = cfg.n_image_tokens
+        self.layout = ImageLayout(
+            n_tokens=n,
+            height=cfg.grid_size,
+            width=cfg.grid_size,
+            row_stride=cfg.grid_size,
+            first_code=0,
+            forced=torch.full((n,), -1, dtype=torch.long),
+            free_tokens=torch.ones(cfg.vocab_size, dtype=torch.bool),
+            vocab_size=cfg.vocab_size,
+        )
+
+    # -- captions -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def encode_captions(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """T5 features [B, cls_token_num, caption_dim], left-padded with zeros, and the bool mask of real tokens."""
+        tokens = self.tokenizer(
+            [t.lower().strip() for t in texts],
+            max_length=self.gpt.config.cls_token_num,
+            padding="max_length",
+            padding_side="right",  # what `left_pad` expects, whatever the saved tokenizer prefers
+            truncation=True,
+            return_attention_mask=True,
+            add_special_tokens=True,
+            return_tensors="pt",
+        ).to(self.device)
+        features = self.text_encoder(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"])
+        return left_pad(features.last_hidden_state, tokens["attention_mask"].bool())
+
+    def caption_rows(self, prompts: Sequence[Prompt], with_uncond: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Caption slot embeddings [rows, cls_token_num, dim] (conditional rows, then the null caption) and each
+        row's caption mask; an unconditional row keeps its conditional row's mask, as the release does."""
+        features, mask = self.encode_captions([p.text for p in prompts])
+        embeds = self.gpt.caption_embeddings(features)
+        if with_uncond:
+            embeds = torch.cat([embeds, self.gpt.uncond_caption(len(prompts))])
+            mask = torch.cat([mask, mask])
+        return embeds, mask
+
+    # -- model calls ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, prompts: Sequence[Prompt], with_uncond: bool) -> Logits:
+        embeds, mask = self.caption_rows(prompts, with_uncond)
+        self._with_uncond, self._caption_mask = with_uncond, mask
+        width = self.gpt.config.cls_token_num
+        self._cache = RaggedCache(None, [width] * len(embeds), int(with_uncond))
+        logits = self.gpt(embeds, cache=self._cache.cache, prefix_mask=mask, logits_to_keep=1)
+        return self._split(logits)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:
+        kwargs = self._ragged().prepare(start, tokens.shape[1], self.device)
+        return self._run(tokens, **kwargs)
+
+    @torch.no_grad()
+    def forward_at(
+        self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, window_mask: torch.Tensor
+    ) -> Logits:
+        kwargs = self._ragged().prepare_at(positions.cpu(), keep.cpu(), window_mask.cpu(), self.device)
+        return self._run(tokens, **kwargs)
+
+    def _run(self, tokens: torch.Tensor, position_ids, attention_mask) -> Logits:
+        ids = torch.cat([tokens, tokens]) if self._with_uncond else tokens
+        logits = self.gpt(
+            self.gpt.tok_embeddings(ids.to(self.device)),
+            positions=position_ids,
+            cache=self._cache.cache,
+            attention_mask=attention_mask,
+            prefix_mask=self._caption_mask,
+        )
+        return self._split(logits)
+
+    def truncate(self, lengths: Sequence[int]) -> None:
+        self._ragged().truncate(lengths)
+
+    def _ragged(self) -> RaggedCache:
+        cache = getattr(self, "_cache", None)
+        if cache is None:
+            raise RuntimeError(f"{self.name}: call prefill before forward or truncate")
+        return cache
+
+    def _split(self, logits: torch.Tensor) -> Logits:
+        if not self._with_uncond:
+            return Logits(logits, None)
+        cond, uncond = logits.chunk(2)
+        return Logits(cond, uncond)
+
+    # -- pixels ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def decode_images(self, tokens: torch.Tensor, chunk: int = 8) -> np.ndarray:
+        """[B, n_tokens] codes -> [B, H, W, 3] uint8; [-1, 1] -> [0, 255] with clamping and rounding, as
+        torchvision's `save_image(normalize=True, value_range=(-1, 1))` in the sample script."""
+        if tokens.shape[-1] != self.layout.n_tokens:
+            raise ValueError(f"{self.name}: expected {self.layout.n_tokens} codes per image, got {tokens.shape[-1]}")
+        images = []
+        for part in tokens.long().split(chunk):
+            pixels = self.vq.decode(part.to(self.device)).float().clamp(-1, 1)
+            pixels = ((pixels + 1) / 2 * 255 + 0.5).clamp(0, 255).to(torch.uint8)
+            images.append(pixels.permute(0, 2, 3, 1).cpu())
+        return torch.cat(images).numpy()
