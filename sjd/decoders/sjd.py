@@ -12,7 +12,7 @@ Choices where the paper leaves room (all config, see conf/decoder/sjd.yaml):
 - `ar_prefix` / `ar_suffix`: generated positions below `ar_prefix`, or in the last
   `ar_suffix`, are decoded one token per forward, as the official code's jacobi_loop_interval.
 - Drafts at grammar-forced positions are the forced token (one-hot q): lossless, and it avoids
-  the certain rejection a random draft meets there.
+  the certain rejection a random draft meets there (`forced_drafts=false` turns it off, for ablations).
 - Batch > 1: every row commits its own accepted count and keeps its own cache length (the
   adapter's ragged cache), so each sample follows exactly the trajectory it would follow
   alone. There is no `min over the batch` commit, hence no bias (algorithms.md §10.5).
