@@ -36,3 +36,22 @@ def compose_cfg():
 
     yield _compose
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture(scope="session")
+def run_audit():
+    """run_audit(overrides) -> the report of scripts/audit.py for conf/audit.yaml + overrides."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("audit_script", ROOT / "scripts" / "audit.py")
+    audit_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(audit_script)
+
+    def _run(overrides):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+            cfg = compose("audit", overrides=list(overrides))
+        GlobalHydra.instance().clear()
+        return audit_script.audit(cfg)
+
+    return _run

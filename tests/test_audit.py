@@ -1,13 +1,10 @@
 """The exactness audit on the micro model (81 enumerable images, CFG on): every lossless
 decoder passes at N = 20,000 with fixed seeds, and a deliberately biased decoder fails."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from sjd.audit import enumerate_images, exact_test, sequence_probabilities
 from sjd.models.base import Prompt
@@ -15,17 +12,6 @@ from sjd.models.micro import MicroAdapter
 from sjd.sampling import SamplingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("audit_script", ROOT / "scripts" / "audit.py")
-audit_script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(audit_script)
-
-
-def run_audit(overrides):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        cfg = compose("audit", overrides=overrides)
-    GlobalHydra.instance().clear()
-    return audit_script.audit(cfg)
 
 
 def test_exact_distribution_sums_to_one_and_cfg_matters():
@@ -62,14 +48,14 @@ def test_exact_distribution_sums_to_one_and_cfg_matters():
         "sjd2-1step",
     ],
 )
-def test_lossless_decoders_pass_the_exact_audit(overrides):
+def test_lossless_decoders_pass_the_exact_audit(run_audit, overrides):
     report = run_audit([*overrides, "n_samples=20000"])
     assert report["lossless_expected"]
     assert report["p_value"] > 1e-3, report
     assert report["tv_distance"] < 2 * report["ar_tv_distance"] + 0.01, report
 
 
-def test_the_audit_catches_a_biased_decoder(monkeypatch):
+def test_the_audit_catches_a_biased_decoder(run_audit, monkeypatch):
     """Resampling a rejected draft from p instead of norm(max(0, p - q)) - a classic slip -
     must fail the audit. (Recording a one-hot q for any draft would not: that is exact.)"""
     import sjd.verify
@@ -85,7 +71,7 @@ def test_exact_test_statistics():
     assert exact_test(np.array([5400, 2800, 1800]), probs).p_value < 1e-6
 
 
-def test_lossy_decoders_report_their_distance():
+def test_lossy_decoders_report_their_distance(run_audit):
     pjd = run_audit(["decoder=pjd", "n_samples=4000"])
     assert not pjd["lossless_expected"] and pjd["decoder_config"]["context"] == 1
     assert 0 <= pjd["tv_distance"] <= 1

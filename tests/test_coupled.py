@@ -1,13 +1,10 @@
 """Coupled SJD (SCD's Gumbel and maximal coupling, our combination): the couplings' marginals,
 greedy equality with AR, batch independence, and the exactness audit (with the trap it catches)."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from scipy.stats import chisquare
 
 from sjd.audit import draw_samples
@@ -101,19 +98,6 @@ def test_audit_samples_are_the_same_at_batch_1_and_batch_25(coupling):
     assert torch.equal(one, many)
 
 
-spec = importlib.util.spec_from_file_location("audit_script", ROOT / "scripts" / "audit.py")
-audit_script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(audit_script)
-
-
-def run_audit(overrides):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        cfg = compose("audit", overrides=overrides)
-    GlobalHydra.instance().clear()
-    return audit_script.audit(cfg)
-
-
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -124,14 +108,14 @@ def run_audit(overrides):
     ],
     ids=["scd-gumbel", "scd-maximal", "csjd", "csjd-gumbel"],
 )
-def test_coupled_decoders_pass_the_exact_audit(overrides):
+def test_coupled_decoders_pass_the_exact_audit(run_audit, overrides):
     report = run_audit([*overrides, "n_samples=20000"])
     assert report["lossless_expected"]
     assert report["p_value"] > 1e-3, report
     assert report["tv_distance"] < 2 * report["ar_tv_distance"] + 0.01, report
 
 
-def test_the_audit_catches_a_kept_draft_that_keeps_its_old_q(monkeypatch):
+def test_the_audit_catches_a_kept_draft_that_keeps_its_old_q(run_audit, monkeypatch):
     """A draft kept by the continuation test is distributed as the new p; storing its old q
     instead (as one released SCD-MC file does) biases the next test, and the audit sees it."""
     original = CoupledSJDDecoder.next_drafts

@@ -1,12 +1,9 @@
 """The lossy comparators: GSD and LANTERN-style relaxed acceptance, ZipAR next-set decoding."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.relaxed import RelaxedSJDDecoder
@@ -85,20 +82,7 @@ def test_zipar_with_full_row_context_is_greedy_ar_and_with_less_context_takes_fe
     assert (short.tokens[:, forced >= 0] == forced[forced >= 0]).all()
 
 
-spec = importlib.util.spec_from_file_location("audit_script", ROOT / "scripts" / "audit.py")
-audit_script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(audit_script)
-
-
-def run_audit(overrides):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        cfg = compose("audit", overrides=overrides)
-    GlobalHydra.instance().clear()
-    return audit_script.audit(cfg)
-
-
-def test_the_audit_measures_the_relaxation():
+def test_the_audit_measures_the_relaxation(run_audit):
     """GSD with a wide group is not exact and the audit sees it; with no tolerance it is SJD."""
     loose = run_audit(["decoder=gsd", "decoder.neighbours=2", "decoder.p_tol=1.0", "n_samples=20000"])
     exact = run_audit(["decoder=gsd", "decoder.p_tol=0.0", "n_samples=20000"])
