@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sjd.decoders.sjd import SJDDecoder, WindowState, draw_uniforms
+from sjd.decoders.sjd import SJDDecoder, WindowState
 from sjd.models.base import CODE_EMBEDDINGS, WINDOW, ImageLayout, ModelAdapter
 from sjd.relaxed import (
     gsd_masses,
@@ -70,25 +70,19 @@ class RelaxedSJDDecoder(SJDDecoder):
             raise RuntimeError(f"decoder {self.name!r}: call check(adapter) before generate (it builds the neighbours)")
         self._table = self._table.to(state.tokens.device)
 
-    def verify(
+    def accept(
         self,
         p: torch.Tensor,
         drafts: torch.Tensor,
         q: torch.Tensor,
-        widths: list[int],
-        generators: Sequence[torch.Generator],
-        positions: torch.Tensor,
-        state: WindowState,
-    ) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
-        n_drafts = torch.tensor([max(w - 1, 0) for w in widths], device=p.device)
-        u_accept, u_jacobi = draw_uniforms(generators, widths, p.shape[1], p.device)
-        u_final = u_accept.gather(1, n_drafts[:, None]).squeeze(1)
+        n_drafts: torch.Tensor,
+        accept_uniforms: torch.Tensor,
+        sample_uniforms: torch.Tensor,
+    ) -> VerifyResult:
         if self.acceptance == "gsd":
             target, draft, _ = gsd_masses(p, q, drafts, self._table, self.p_tol, self.rank_radius)
             on_reject = gsd_rejection(p, q)
         else:
             target, draft, credited = lantern_masses(p, q, drafts, self._table, self.delta)
             on_reject = lantern_rejection(p, drafts, self._table, credited)
-        result = relaxed_verify(p, drafts, q, n_drafts, u_accept[:, :-1], u_final, target, draft, on_reject)
-        samples, samples_q = self.next_drafts(p, drafts, q, n_drafts, result, u_jacobi, positions, state)
-        return result, samples, samples_q
+        return relaxed_verify(p, drafts, q, n_drafts, accept_uniforms, sample_uniforms, target, draft, on_reject)

@@ -144,9 +144,21 @@ class SJDDecoder(Decoder):
         n_drafts = torch.tensor([max(w - 1, 0) for w in widths], device=p.device)
         u_accept, u_jacobi = draw_uniforms(generators, widths, p.shape[1], p.device)
         u_final = u_accept.gather(1, n_drafts[:, None]).squeeze(1)  # each row's own last uniform
-        result = speculative_verify(p, drafts, q, n_drafts, u_accept[:, :-1], u_final)
+        result = self.accept(p, drafts, q, n_drafts, u_accept[:, :-1], u_final)
         samples, samples_q = self.next_drafts(p, drafts, q, n_drafts, result, u_jacobi, positions, state)
         return result, samples, samples_q
+
+    def accept(
+        self,
+        p: torch.Tensor,
+        drafts: torch.Tensor,
+        q: torch.Tensor,
+        n_drafts: torch.Tensor,
+        accept_uniforms: torch.Tensor,
+        sample_uniforms: torch.Tensor,
+    ) -> VerifyResult:
+        """The acceptance rule: exact speculative sampling (relaxed decoders replace it)."""
+        return speculative_verify(p, drafts, q, n_drafts, accept_uniforms, sample_uniforms)
 
     def next_drafts(
         self,
