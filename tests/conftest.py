@@ -55,3 +55,12 @@ def run_audit():
         return audit_script.audit(cfg)
 
     return _run
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models' ops are far too small to split; on a busy machine a second thread mostly waits."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

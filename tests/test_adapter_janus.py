@@ -89,14 +89,7 @@ def encode(text: str) -> list[int]:
     return [BOS] + [5 + sum(map(ord, w)) % 59 for w in text.split()] + [BOI]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model's ops are far too small to split: a second thread only adds overhead (and on
-    a loaded machine, a lot of it)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

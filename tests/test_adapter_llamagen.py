@@ -35,13 +35,7 @@ PROMPTS = [Prompt("short", "A Red cat"), Prompt("long", "a blue dog sits on the 
 GREEDY = SamplingConfig(cfg_scale=3.0, temperature=0.0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model's ops are far too small to split; on a busy machine a second thread mostly waits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_gpt(seed: int = 3) -> LlamaGenGPT:

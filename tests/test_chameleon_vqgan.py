@@ -23,12 +23,7 @@ TINY = VQGANConfig(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def random_vqgan(seed: int = 0) -> ChameleonVQGAN:

@@ -20,7 +20,32 @@ from sjd.models.base import CUSTOM_MASK, WINDOW, Logits, ModelAdapter, Prompt
 from sjd.models.ragged_cache import RaggedCache
 
 
-class CausalLMAdapter(ModelAdapter):
+class RaggedRows:
+    """What an adapter on a RaggedCache shares: truncation, the cache guard and the CFG row split.
+    The adapter sets `self._cache` (a RaggedCache) in prefill and `self._with_uncond`."""
+
+    name: str
+    _with_uncond: bool
+
+    def truncate(self, lengths: Sequence[int]) -> None:
+        self._ragged().truncate(lengths)
+
+    def _ragged(self) -> RaggedCache:
+        cache = getattr(self, "_cache", None)
+        if cache is None:
+            raise RuntimeError(f"{self.name}: call prefill before forward or truncate")
+        return cache
+
+    def _split(self, logits: torch.Tensor) -> Logits:
+        """[2B or B, W, V] -> conditional and unconditional rows, in float32 for the logits pipeline."""
+        logits = logits.float()
+        if not self._with_uncond:
+            return Logits(logits, None)
+        cond, uncond = logits.chunk(2)
+        return Logits(cond, uncond)
+
+
+class CausalLMAdapter(RaggedRows, ModelAdapter):
     capabilities = frozenset({WINDOW, CUSTOM_MASK})
     model: torch.nn.Module
 
@@ -72,19 +97,3 @@ class CausalLMAdapter(ModelAdapter):
         ids = torch.cat([tokens, tokens]) if self._with_uncond else tokens
         out = self._run(ids, cache=self._ragged().cache, use_cache=True, **kwargs)
         return self._split(out.logits)
-
-    def truncate(self, lengths: Sequence[int]) -> None:
-        self._ragged().truncate(lengths)
-
-    def _ragged(self) -> RaggedCache:
-        cache = getattr(self, "_cache", None)
-        if cache is None:
-            raise RuntimeError(f"{self.name}: call prefill before forward or truncate")
-        return cache
-
-    def _split(self, logits: torch.Tensor) -> Logits:
-        logits = logits.float()
-        if not self._with_uncond:
-            return Logits(logits, None)
-        cond, uncond = logits.chunk(2)
-        return Logits(cond, uncond)

@@ -47,6 +47,7 @@ from sjd.models.base import (
     Prompt,
     codebook_by_id,
 )
+from sjd.models.causal_lm import RaggedRows
 from sjd.models.llamagen_gpt import LlamaGenConfig, LlamaGenGPT, load_gpt
 from sjd.models.llamagen_vq import downsample_factor, load_vq, vq_config
 from sjd.models.ragged_cache import RaggedCache
@@ -115,7 +116,7 @@ def left_pad(features: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, 
     return torch.stack(rows) * new_mask[..., None].to(features.dtype), new_mask
 
 
-class LlamaGenAdapter(ModelAdapter):
+class LlamaGenAdapter(RaggedRows, ModelAdapter):
     """LlamaGen T2I. Build with the constructor (checkpoint files) or `from_parts` (built modules)."""
 
     capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
@@ -266,21 +267,6 @@ class LlamaGenAdapter(ModelAdapter):
             prefix_mask=self._caption_mask,
         )
         return self._split(logits)
-
-    def truncate(self, lengths: Sequence[int]) -> None:
-        self._ragged().truncate(lengths)
-
-    def _ragged(self) -> RaggedCache:
-        cache = getattr(self, "_cache", None)
-        if cache is None:
-            raise RuntimeError(f"{self.name}: call prefill before forward or truncate")
-        return cache
-
-    def _split(self, logits: torch.Tensor) -> Logits:
-        if not self._with_uncond:
-            return Logits(logits, None)
-        cond, uncond = logits.chunk(2)
-        return Logits(cond, uncond)
 
     # -- pixels ---------------------------------------------------------------------------------
     @torch.no_grad()
