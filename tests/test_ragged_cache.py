@@ -126,3 +126,27 @@ def test_compaction_keeps_live_slots_and_their_logits(toy):
     with torch.no_grad():
         ref = toy.model(input_ids=ids, attention_mask=mask[None, None]).logits[0, -1].float()
     torch.testing.assert_close(out.cond[0, 0], ref, atol=2e-4, rtol=0)
+
+
+def test_transient_slots_are_seen_in_their_forward_only(toy):
+    """A tree decoder's sibling shares its position with a chain token: it must serve its own
+    forward and then vanish, even though `keep` keeps that position."""
+    prompts = [Prompt("a", "large red circle center on blue")]
+    prompt_ids = toy.prompt_ids(prompts, with_uncond=False)
+    tok = torch.randint(toy.vocab.code_offset, toy.vocab.boi, (1, 6), generator=torch.Generator().manual_seed(3))
+    N = toy.layout.n_tokens
+    with torch.no_grad():
+        toy.prefill(prompts, with_uncond=False)
+        # Chain at positions 0..2, a sibling of position 2 (token tok[3]) that sees positions 0, 1.
+        tokens = tok[:, :4]
+        positions = torch.tensor([[0, 1, 2, 2]])
+        mask = torch.tensor([[[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 1]]], dtype=torch.bool)
+        transient = torch.tensor([[False, False, False, True]])
+        out = toy.forward_at(tokens, positions, torch.zeros(1, N, dtype=torch.bool), mask, transient)
+        sibling = _fresh_at(toy, prompt_ids, tok[0, [0, 1, 3]], [0, 1, 2])
+        torch.testing.assert_close(out.cond[0, 3], sibling[2], atol=2e-4, rtol=0)
+        keep = torch.zeros(1, N, dtype=torch.bool)
+        keep[0, :3] = True
+        out = toy.forward_at(tok[:, 4:5], torch.tensor([[3]]), keep, torch.ones(1, 1, 1, dtype=torch.bool))
+    chain = _fresh_at(toy, prompt_ids, tok[0, [0, 1, 2, 4]], [0, 1, 2, 3])
+    torch.testing.assert_close(out.cond[0, 0], chain[3], atol=2e-4, rtol=0)

@@ -115,9 +115,14 @@ class ForwardClock:
         return self._timed(self.adapter.forward_embeds, embeds, levels, start)
 
     def forward_at(
-        self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, window_mask: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        keep: torch.Tensor,
+        window_mask: torch.Tensor,
+        transient: torch.Tensor | None = None,
     ) -> Logits:
-        return self._timed(self.adapter.forward_at, tokens, positions, keep, window_mask)
+        return self._timed(self.adapter.forward_at, tokens, positions, keep, window_mask, transient)
 
 
 class Decoder(ABC):

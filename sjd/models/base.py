@@ -97,13 +97,20 @@ class ModelAdapter(ABC):
         """Write `tokens` [B, W] at generated positions start[b] + i (see the module docstring)."""
 
     def forward_at(
-        self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, window_mask: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        keep: torch.Tensor,
+        window_mask: torch.Tensor,
+        transient: torch.Tensor | None = None,
     ) -> Logits:
         """The `custom_mask` capability: write `tokens` [B, W] at arbitrary generated `positions`
         [B, W] (-1 = padding, never attended to), after dropping every cached generated position
         p of row b with `keep[b, p]` False (and any position being rewritten). Query i attends to
         the kept cached positions below positions[b, i] and to the window slots j with
-        `window_mask[b, i, j]`. Logits i predict the token after positions[b, i] in raster order."""
+        `window_mask[b, i, j]`. Logits i predict the token after positions[b, i] in raster order.
+        Slots with `transient[b, i]` (optional [B, W]) are never cached: a tree decoder's
+        alternative tokens share a position with the chain and must not outlive the forward."""
         raise NotImplementedError(f"model {self.name!r} does not provide the {CUSTOM_MASK!r} capability")
 
     # -- the `embeds` capability (SJD2): window inputs given as noisy token embeddings ------------

@@ -89,11 +89,21 @@ class CausalLMAdapter(RaggedRows, ModelAdapter):
         """One model call on ids; adapters whose model takes embeddings override this."""
         return self.model(input_ids=ids, **kwargs)
 
+    def _run_embeds(self, inputs_embeds: torch.Tensor, **kwargs):
+        """One model call on input embeddings [rows, W, D] (the noise-aware path of SJD2)."""
+        return self.model(inputs_embeds=inputs_embeds, **kwargs)
+
     @torch.no_grad()
     def forward_at(
-        self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, window_mask: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        keep: torch.Tensor,
+        window_mask: torch.Tensor,
+        transient: torch.Tensor | None = None,
     ) -> Logits:
-        kwargs = self._ragged().prepare_at(positions.cpu(), keep.cpu(), window_mask.cpu(), self.device)
+        transient = None if transient is None else transient.cpu()
+        kwargs = self._ragged().prepare_at(positions.cpu(), keep.cpu(), window_mask.cpu(), self.device, transient)
         ids = torch.cat([tokens, tokens]) if self._with_uncond else tokens
         out = self._run(ids, cache=self._ragged().cache, use_cache=True, **kwargs)
         return self._split(out.logits)

@@ -78,11 +78,17 @@ class RaggedCache:
         }
 
     def prepare_at(
-        self, positions: torch.Tensor, keep: torch.Tensor, window_mask: torch.Tensor, device: torch.device
+        self,
+        positions: torch.Tensor,
+        keep: torch.Tensor,
+        window_mask: torch.Tensor,
+        device: torch.device,
+        transient: torch.Tensor | None = None,
     ) -> dict:
         """General window: `positions` [B, W] generated positions (-1 = padding), `keep` [B, N]
         which cached generated positions stay, `window_mask` [B, W, W] which window slots each
-        query sees (True = attend). Cached slots at a position being written are replaced.
+        query sees (True = attend), `transient` [B, W] slots that live for this forward only
+        (never seen by a later query). Cached slots at a position being written are replaced.
         Returns the model kwargs; queries see kept cached slots at lower positions."""
         B, W = positions.shape
         rewritten = torch.zeros(keep.shape, dtype=torch.long)
@@ -105,7 +111,10 @@ class RaggedCache:
         old = (self.slot_pos >= 0)[:, None, :] & (self.slot_pos[:, None, :] < query_pos[:, :, None])
         own = window_mask.repeat(self.rows // self.batch, 1, 1) | torch.eye(W, dtype=torch.bool)  # never empty
         mask = torch.cat([old, own], dim=2)
-        self.slot_pos = torch.cat([self.slot_pos, query_pos], dim=1)  # padding slots stay holes (-1)
+        stored = query_pos
+        if transient is not None:  # this forward's mask is built; later ones see holes there
+            stored = query_pos.masked_fill(transient.repeat(self.rows // self.batch, 1), -1)
+        self.slot_pos = torch.cat([self.slot_pos, stored], dim=1)  # padding slots stay holes (-1)
         self.ragged = True
         return {
             "position_ids": query_pos.clamp(min=0).to(device),

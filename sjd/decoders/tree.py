@@ -1,0 +1,326 @@
+"""Branch drafting (SJD-PAC's proactive drafting, algorithms.md §7.1) on coupled SJD.
+
+After a rejection, the draft right after the committed residual was drawn given the rejected
+token, and it is accepted with probability sum(min(p, q)) only (about 0.74 on the toy model;
+a quarter of coupled-SJD forwards commit one token). So at the first `branch_depth` draft
+positions the window carries `branches` candidates instead of one: the chain draft c plus
+siblings s_1 .. s_{K-1} drawn *without replacement* from the same q. A sibling is a window
+slot at the chain draft's position that sees the chain before it and itself, nothing else.
+
+Verification at the chain's first rejection is recursive rejection sampling: c is tested
+against p with q; on rejection p <- norm(max(0, p - q)) and s_i is tested against that with
+q_i = q without c, s_1 .. s_{i-1}, renormalised (the distribution s_i was drawn from); if every
+candidate is rejected the last residual is sampled. Each stage is a speculative-sampling step
+whose fallback is the next stage, so the committed token is distributed exactly as p. An
+accepted sibling ends the chain, and its own output gives the next token exactly (a bonus).
+Next drafts for the chain slots come from the coupling, as in CoupledSJDDecoder.
+
+Our choices (SJD-PAC's code is unreleased; its page gives depth 3, width 4):
+- `window` counts every forward input (lead-in, chain drafts, siblings): at the same window the
+  chain is shorter by the siblings, so comparisons with SJD are at equal forward width.
+- Siblings go only where the chain draft's q is a distribution (a carried draft); a fresh
+  one-hot draft has nothing to draw them from, and those slots go to the chain.
+- Sibling slots are transient in the cache; when one is committed, the next forward rewrites
+  its position as a lead-in slot (the chain slot there held the rejected draft).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sjd.decoders.base import DecodeResult, ForwardClock
+from sjd.decoders.coupled import CoupledSJDDecoder
+from sjd.decoders.sjd import WindowState
+from sjd.drafts import fresh_drafts, one_hot
+from sjd.models.base import CUSTOM_MASK, WINDOW, ImageLayout, ModelAdapter, Prompt
+from sjd.sampling import SamplingConfig, logits_to_probs, sample_from
+from sjd.verify import VerifyResult, accept_tests, residual
+
+ONE_HOT = 1.0 - 1e-6  # a q whose top mass is above this has no room for siblings
+
+
+@dataclass
+class TreeWindow:
+    """One forward's inputs and where each row's chain and siblings sit in it."""
+
+    tokens: torch.Tensor  # [B, W]
+    positions: torch.Tensor  # [B, W] generated positions, -1 = padding
+    mask: torch.Tensor  # [B, W, W] window slots each query sees
+    transient: torch.Tensor  # [B, W] sibling slots
+    chain_slot: torch.Tensor  # [B, C+1] slot whose output predicts position committed + i
+    drafts: torch.Tensor  # [B, C] chain drafts
+    q: torch.Tensor  # [B, C, V] their draft distributions
+    n_drafts: torch.Tensor  # [B]
+    siblings: torch.Tensor  # [B, D, K-1] sibling ids at chain draft k
+    sibling_slot: torch.Tensor  # [B, D, K-1] their slots (0 where absent)
+    has_sibling: torch.Tensor  # [B, D, K-1]
+
+
+class BranchingSJDDecoder(CoupledSJDDecoder):
+    requires = frozenset({WINDOW, CUSTOM_MASK})
+
+    def __init__(
+        self,
+        name: str = "csjd_tree",
+        window: int = 16,
+        init: str = "vertical",
+        coupling: str = "maximal",
+        branches: int = 4,
+        branch_depth: int = 3,
+        ar_prefix: int = 1,
+        ar_suffix: int = 0,
+        forced_drafts: bool = True,
+    ) -> None:
+        if branches < 1 or branch_depth < 0:
+            raise ValueError(
+                f"decoder.branches must be >= 1 and decoder.branch_depth >= 0, got {branches}, {branch_depth}"
+            )
+        super().__init__(name, window, init, coupling, ar_prefix, ar_suffix, forced_drafts)
+        self.branches, self.branch_depth = branches, branch_depth
+
+    def generate(
+        self,
+        adapter: ModelAdapter,
+        prompts: Sequence[Prompt],
+        sampling: SamplingConfig,
+        generators: Sequence[torch.Generator],
+    ) -> DecodeResult:
+        layout, device, B = adapter.layout, adapter.device, len(prompts)
+        clock = ForwardClock(adapter)
+        state = WindowState.empty(B, layout.n_tokens, layout.vocab_size, device)
+        state.tokens[:, 0] = clock.start(prompts, sampling, generators)
+        self.begin(state, layout, generators)
+        cached = [0] * B  # generated positions below cached[b] hold their committed token's K/V
+        branch_commits = [0] * B  # forwards whose committed token was a sibling (reported in extras)
+
+        while True:
+            widths = [self.window_for(n, layout.n_tokens) for n in state.committed]
+            if max(widths) == 0:
+                break
+            win = self.build_window(state, cached, widths, layout, generators)
+            keep = torch.arange(layout.n_tokens, device=device)[None, :] < torch.tensor(cached, device=device)[:, None]
+            logits = clock.forward_at(win.tokens, win.positions, keep, win.mask, win.transient)
+            predicted = torch.where(win.positions >= 0, win.positions + 1, layout.n_tokens).clamp(max=layout.n_tokens)
+            p = logits_to_probs(logits, predicted.to(device), layout, sampling)
+            self.verify_and_commit(state, cached, branch_commits, win, p, widths, generators)
+
+        result = clock.finish(state.tokens, state.n_forward, state.accepted)
+        result.extras["branch_commits"] = branch_commits
+        return result
+
+    # -- phases --------------------------------------------------------------------------------------
+    def plan_row(self, state: WindowState, b: int, lead: int, width: int, layout: ImageLayout, generator):
+        """Chain drafts (carried, topped up with fresh ones), their q, and how many branch."""
+        n, N, V, K = state.committed[b], layout.n_tokens, layout.vocab_size, self.branches
+        budget = max(width - lead, 0) if width else 0  # inputs left after the lead-in
+        carried_q = state.carried_q[b]
+        depth = 0
+        if K > 1:
+            while (
+                depth < min(self.branch_depth, len(carried_q))
+                and float(carried_q[depth].max()) < ONE_HOT
+                and (depth + 1) * K <= budget
+            ):
+                depth += 1
+        n_chain = min(budget - depth * (K - 1), N - n)
+        d, dq = state.carried[b][:n_chain], carried_q[:n_chain]
+        if len(d) < n_chain:
+            known = d if self.init == "random" else torch.cat([state.tokens[b, :n], d])
+            left = dq[-1] if len(d) else state.last_p[b]
+            new = fresh_drafts(
+                self.init, known, n + len(d), n_chain - len(d), layout, generator, left, self.forced_drafts
+            )
+            d, dq = torch.cat([d, new]), torch.cat([dq, one_hot(new, V)])
+        return d, dq, depth
+
+    def build_window(
+        self,
+        state: WindowState,
+        cached: list[int],
+        widths: list[int],
+        layout: ImageLayout,
+        generators: Sequence[torch.Generator],
+    ) -> TreeWindow:
+        """[lead-in: committed tokens to (re)write][chain drafts][siblings], per row."""
+        B, V, device = len(widths), layout.vocab_size, state.tokens.device
+        K1, D = self.branches - 1, self.branch_depth
+        rows = []
+        for b in range(B):
+            n = state.committed[b]
+            lead = n - cached[b] if widths[b] else 0
+            d, dq, depth = self.plan_row(state, b, lead, widths[b], layout, generators[b])
+            sib = torch.zeros(depth, K1, dtype=torch.long, device=device)
+            ok = torch.zeros(depth, K1, dtype=torch.bool, device=device)
+            if depth:
+                u = torch.rand(depth, V, generator=generators[b], device=device)
+                sib, ok = draw_siblings(dq[:depth], d[:depth], K1, u)
+            rows.append((lead, d, dq, sib, ok))
+
+        W = max(1, max(lead + len(d) + int(ok.sum()) for lead, d, _, _, ok in rows))
+        C = max(len(d) for _, d, _, _, _ in rows)
+        tokens = torch.zeros(B, W, dtype=torch.long, device=device)
+        positions = torch.full((B, W), -1, dtype=torch.long)
+        mask = torch.zeros(B, W, W, dtype=torch.bool)
+        transient = torch.zeros(B, W, dtype=torch.bool)
+        chain_slot = torch.zeros(B, C + 1, dtype=torch.long)
+        drafts = torch.zeros(B, C, dtype=torch.long, device=device)
+        q = torch.zeros(B, C, V, device=device)
+        siblings = torch.zeros(B, D, K1, dtype=torch.long, device=device)
+        sibling_slot = torch.zeros(B, D, K1, dtype=torch.long)
+        has_sibling = torch.zeros(B, D, K1, dtype=torch.bool)
+        for b, (lead, d, dq, sib, ok) in enumerate(rows):
+            n, c = state.committed[b], len(d)
+            line = lead + c  # lead-in and chain: one causal run
+            tokens[b, :lead] = state.tokens[b, n - lead : n]
+            tokens[b, lead:line] = d
+            positions[b, :line] = torch.arange(n - lead, n + c)
+            mask[b, :line, :line] = torch.ones(line, line, dtype=torch.bool).tril()
+            chain_slot[b, : c + 1] = torch.arange(lead - 1, line) if lead else 0
+            drafts[b, :c], q[b, :c] = d, dq
+            slot = line
+            for k, i in ok.nonzero().tolist():  # sibling of chain draft k: sees the chain before it
+                tokens[b, slot], positions[b, slot] = sib[k, i], n + k
+                mask[b, slot, : lead + k] = True
+                transient[b, slot] = True
+                siblings[b, k, i], sibling_slot[b, k, i], has_sibling[b, k, i] = sib[k, i], slot, True
+                slot += 1
+        n_drafts = torch.tensor([len(d) for _, d, _, _, _ in rows], device=device)
+        return TreeWindow(
+            tokens, positions, mask, transient, chain_slot, drafts, q, n_drafts, siblings, sibling_slot, has_sibling
+        )
+
+    def verify_and_commit(
+        self,
+        state: WindowState,
+        cached: list[int],
+        branch_commits: list[int],
+        win: TreeWindow,
+        p: torch.Tensor,
+        widths: list[int],
+        generators: Sequence[torch.Generator],
+    ) -> None:
+        """Chain tests; recursive rejection sampling over the siblings at the first rejection."""
+        B, C, device = p.shape[0], win.drafts.shape[1], p.device
+        K1 = self.branches - 1
+        rows = torch.arange(B, device=device)
+        p_chain = p[rows[:, None], win.chain_slot.to(device)]  # [B, C+1, V]
+        u = draw_tree_uniforms(generators, win.n_drafts.tolist(), C, K1, device)
+        accepted = accept_tests(p_chain, win.drafts, win.q, u["accept"]) & (
+            torch.arange(C, device=device)[None, :] < win.n_drafts[:, None]
+        )
+        n_acc = accepted.long().cumprod(1).sum(1)
+        # Target at the first rejection: p minus the chain draft's q (p itself at the bonus slot).
+        has_draft = n_acc < win.n_drafts
+        q_at = (
+            win.q[rows, n_acc.clamp(max=max(C - 1, 0))] * has_draft[:, None] if C else torch.zeros_like(p_chain[:, 0])
+        )
+        target = residual(p_chain[rows, n_acc], q_at)
+        picked = torch.full((B,), -1, dtype=torch.long, device=device)
+        sib_p = target  # the accepted sibling's own next-token distribution (read only where one is)
+        if K1 and self.branch_depth:
+            k = n_acc.clamp(max=self.branch_depth - 1)
+            present = win.has_sibling.to(device)[rows, k] & ((n_acc < self.branch_depth) & has_draft)[:, None]
+            chain_draft = win.drafts[rows, n_acc.clamp(max=max(C - 1, 0))] if C else torch.zeros_like(n_acc)
+            picked, target = verify_siblings(target, q_at, chain_draft, win.siblings[rows, k], present, u["sibling"])
+            sib_p = p[rows, win.sibling_slot.to(device)[rows, k, picked.clamp(min=0)]]
+        next_token = sample_from(target, u["final"])
+        bonus = sample_from(sib_p, u["bonus"])
+
+        result = VerifyResult(n_acc, next_token, accepted)
+        positions = torch.as_tensor(state.committed, device=device)[:, None] + torch.arange(C + 1, device=device)
+        samples, samples_q = self.next_drafts(
+            p_chain, win.drafts, win.q, win.n_drafts, result, u["jacobi"], positions, state
+        )
+
+        N = state.tokens.shape[1]
+        for b, (j, pick) in enumerate(zip(n_acc.tolist(), picked.tolist())):
+            if widths[b] == 0:
+                continue
+            n = state.committed[b]
+            state.tokens[b, n : n + j] = win.drafts[b, :j]
+            if pick >= 0:
+                state.tokens[b, n + j] = win.siblings[b, j, pick]
+                take = j + 1
+                if n + take < N:
+                    state.tokens[b, n + take] = bonus[b]
+                    take += 1
+                state.last_p[b] = sib_p[b]
+                branch_commits[b] += 1
+            else:
+                state.tokens[b, n + j] = next_token[b]
+                take = j + 1
+                state.last_p[b] = p_chain[b, j]
+            cached[b] = n + j  # lead-in and accepted chain drafts were written with their tokens
+            state.committed[b] = n + take
+            width = int(win.n_drafts[b]) + 1
+            state.carried[b], state.carried_q[b] = samples[b, take:width], samples_q[b, take:width]
+            state.accepted[b].append(take)
+            state.n_forward[b] += 1
+
+
+def draw_tree_uniforms(
+    generators: Sequence[torch.Generator], n_drafts: list[int], C: int, K1: int, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Per row from its own generator, sized by its own window only (batch independence)."""
+    B = len(generators)
+    out = {
+        "accept": torch.zeros(B, C, device=device),
+        "jacobi": torch.zeros(B, C + 1, device=device),
+        "sibling": torch.zeros(B, K1, device=device),
+        "final": torch.zeros(B, device=device),
+        "bonus": torch.zeros(B, device=device),
+    }
+    for b, (g, c) in enumerate(zip(generators, n_drafts)):
+        u = torch.rand(2 * c + 1 + K1 + 2, generator=g, device=device)
+        out["accept"][b, :c] = u[:c]
+        out["jacobi"][b, : c + 1] = u[c : 2 * c + 1]
+        out["sibling"][b] = u[2 * c + 1 : 2 * c + 1 + K1]
+        out["final"][b], out["bonus"][b] = u[-2], u[-1]
+    return out
+
+
+def draw_siblings(
+    q: torch.Tensor, chain_drafts: torch.Tensor, count: int, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An ordered draw of `count` ids without replacement from q [D, V] minus each chain draft
+    [D] (Gumbel-top-k with `uniforms` [D, V]); returns ids [D, count] and which exist [D, count]
+    (fewer when q has fewer ids left)."""
+    rest = q.scatter(1, chain_drafts[:, None], 0.0)
+    gumbel = -(-uniforms.clamp(1e-20, 1 - 1e-7).log()).log()
+    score, ids = (rest.log() + gumbel).topk(count, dim=1)
+    return ids, score > float("-inf")
+
+
+def verify_siblings(
+    target: torch.Tensor,
+    q: torch.Tensor,
+    chain_draft: torch.Tensor,
+    siblings: torch.Tensor,
+    present: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recursive rejection sampling over the siblings of a rejected chain draft.
+
+    `target` [B, V] is norm(max(0, p - q)) after the chain draft's rejection, `q` [B, V] the
+    distribution chain draft and siblings were drawn from, `siblings` [B, K-1] in draw order,
+    `present` [B, K-1], `uniforms` [B, K-1]. Sibling i was drawn from q_i = q without the chain
+    draft and siblings before it, renormalised; it is accepted iff u * q_i(s) < target(s), and
+    on rejection target <- norm(max(0, target - q_i)). Returns the accepted sibling's index
+    (-1: none) and the target left, whose sample is then distributed as the original p."""
+    B = target.shape[0]
+    rows = torch.arange(B, device=target.device)
+    picked = torch.full((B,), -1, dtype=torch.long, device=target.device)
+    pool = q.scatter(1, chain_draft[:, None], 0.0)
+    for i in range(siblings.shape[1]):
+        open_ = present[:, i] & (picked < 0)
+        q_i = pool / pool.sum(-1, keepdim=True).clamp_min(1e-30)
+        s = siblings[:, i]
+        ok = open_ & (uniforms[:, i] * q_i[rows, s] < target[rows, s])
+        picked = torch.where(ok, i, picked)
+        still = (open_ & ~ok)[:, None]
+        target = torch.where(still, residual(target, q_i), target)
+        pool = torch.where(still, pool.scatter(1, s[:, None], 0.0), pool)
+    return picked, target
