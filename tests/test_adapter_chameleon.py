@@ -268,9 +268,28 @@ def test_anole_greedy_speculative_decoders_equal_greedy_ar(anole, decoder):
     assert [sum(a) for a in res.accepted] == [ANOLE_TOKENS] * len(PROMPTS)
 
 
-def test_pjd_refuses_anole_which_has_no_end_of_line(anole):
-    with pytest.raises(ValueError, match="end-of-line"):
-        PJDDecoder(window=4, context=2).check(anole)
+@pytest.mark.parametrize("init", ["random", "vertical"])
+def test_anole_greedy_pjd_with_full_row_context_equals_greedy_ar(anole, init):
+    """Anole has no end-of-line token: row r is anchored on row r-1's last code, which is committed when a row
+    starts only after the row above is complete (context = the width)."""
+    ar = ARDecoder().generate(anole, PROMPTS, GREEDY, gens(PROMPTS))
+    res = PJDDecoder(window=3, context=ANOLE_W, init=init).generate(anole, PROMPTS, GREEDY, gens(PROMPTS, seed=3))
+    assert torch.equal(ar.tokens, res.tokens)
+    assert [sum(a) for a in res.accepted] == [ANOLE_TOKENS] * len(PROMPTS)
+
+
+def test_anole_pjd_with_a_short_context_keeps_the_grammar(anole):
+    """Context 2: a row starts on a draft of the last code above. Begin/end of image stay forced, every code
+    is an image code committed once, the rows overlap (fewer forwards than AR's one per token, although this
+    random model rarely accepts a draft), and a prompt's tokens do not depend on its batch."""
+    pjd = PJDDecoder(window=3, context=2)
+    res = pjd.generate(anole, PROMPTS, SAMPLED, gens(PROMPTS))
+    tokens = res.tokens
+    assert (tokens[:, 0] == BOI).all() and (tokens[:, -1] == EOI).all()
+    assert ((tokens[:, 1:-1] >= CODE0) & (tokens[:, 1:-1] < CODE0 + N_CODES)).all()
+    assert [sum(a) for a in res.accepted] == [ANOLE_TOKENS] * len(PROMPTS)
+    assert all(n < ANOLE_TOKENS for n in res.n_forward)  # AR: the prefill + ANOLE_TOKENS - 1 forwards
+    assert torch.equal(pjd.generate(anole, PROMPTS[1:], SAMPLED, gens(PROMPTS[1:])).tokens, tokens[1:])
 
 
 @pytest.mark.parametrize("decoder", [ARDecoder(), SJDDecoder(window=8)], ids=["ar", "sjd"])

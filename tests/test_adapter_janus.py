@@ -9,7 +9,9 @@ from transformers import GenerationConfig, JanusConfig, JanusForConditionalGener
 
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.jacobi import JacobiDecoder
+from sjd.decoders.pjd import PJDDecoder
 from sjd.decoders.sjd import SJDDecoder
+from sjd.decoders.zipar import ZipARDecoder
 from sjd.models.base import Prompt
 from sjd.models.janus import JanusAdapter
 from sjd.provenance import make_generators
@@ -203,6 +205,32 @@ def test_greedy_speculative_decoders_equal_greedy_ar(janus, decoder):
     assert torch.equal(ar.tokens, res.tokens)
     assert all(n <= janus.layout.n_tokens for n in res.n_forward)
     assert sum(res.n_forward) < 2 * janus.layout.n_tokens  # some drafts were accepted
+
+
+@pytest.mark.parametrize(
+    "decoder",
+    [PJDDecoder(window=4, context=SIDE), PJDDecoder(window=8, context=SIDE, init="vertical")],
+    ids=["pjd4-full-context", "pjd8v-full-context"],
+)
+def test_greedy_pjd_with_full_row_context_equals_greedy_ar(janus, decoder):
+    """No end-of-line token: row r is anchored on row r-1's last code, committed when context = the width."""
+    ar = ARDecoder().generate(janus, PROMPTS, GREEDY, gens(PROMPTS))
+    res = decoder.generate(janus, PROMPTS, GREEDY, gens(PROMPTS, seed=7))
+    assert torch.equal(ar.tokens, res.tokens)
+    assert [sum(a) for a in res.accepted] == [SIDE * SIDE] * len(PROMPTS)
+
+
+@pytest.mark.parametrize("decoder", [PJDDecoder(window=4, context=3), ZipARDecoder(context=3)], ids=["pjd", "zipar"])
+def test_row_parallel_decoders_with_a_short_context_commit_every_code_once(janus, decoder):
+    """Rows start on a draft of the last code above (our no-end-of-line anchoring); a prompt's tokens do not
+    depend on its batch."""
+    sampled = SamplingConfig(cfg_scale=3.0, temperature=1.0, top_k=20)
+    res = decoder.generate(janus, PROMPTS, sampled, gens(PROMPTS))
+    assert [sum(a) for a in res.accepted] == [SIDE * SIDE] * len(PROMPTS)
+    assert ((res.tokens >= 0) & (res.tokens < CODES)).all()
+    assert all(n < SIDE * SIDE - SIDE for n in res.n_forward)
+    alone = decoder.generate(janus, PROMPTS[:1], sampled, gens(PROMPTS[:1])).tokens
+    assert torch.equal(res.tokens[:1], alone)
 
 
 def test_decode_images_gives_uint8_pixels(janus):

@@ -103,8 +103,6 @@ def test_layout_is_the_bare_code_grid(llamagen):
     lay = llamagen.layout
     assert (lay.n_tokens, lay.height, lay.width, lay.row_stride, lay.first_code) == (N, GRID, GRID, GRID, 0)
     assert (lay.forced == -1).all() and lay.free_tokens.all() and lay.vocab_size == CODES
-    with pytest.raises(ValueError, match="end-of-line"):
-        PJDDecoder(window=4, context=GRID).check(llamagen)
 
 
 def test_captions_are_left_padded_t5_features_and_cfg_rows_use_the_null_caption(llamagen, parts):
@@ -350,6 +348,33 @@ def test_greedy_speculative_decoders_equal_greedy_ar(llamagen, decoder):
     assert torch.equal(ar.tokens, res.tokens)
     assert [sum(a) for a in res.accepted] == [N, N]
     assert sum(res.n_forward) < 2 * N and max(max(a) for a in res.accepted) > 2  # drafts were accepted
+
+
+@pytest.mark.parametrize(
+    "decoder",
+    [PJDDecoder(window=4, context=GRID), PJDDecoder(window=8, context=GRID, init="vertical")],
+    ids=["pjd4-full-context", "pjd8v-full-context"],
+)
+def test_greedy_pjd_with_full_row_context_equals_greedy_ar(llamagen, decoder):
+    """No end-of-line token: row r is anchored on row r-1's last code. With context = the row width a row
+    starts only once the row above is complete, so that anchor is committed and PJD must equal AR."""
+    ar = ARDecoder().generate(llamagen, PROMPTS, GREEDY, gens(PROMPTS))
+    res = decoder.generate(llamagen, PROMPTS, GREEDY, gens(PROMPTS, seed=7))
+    assert torch.equal(ar.tokens, res.tokens)
+    assert [sum(a) for a in res.accepted] == [N, N]
+
+
+def test_pjd_with_a_short_context_starts_rows_on_a_draft_anchor(llamagen):
+    """Context 2: row r starts while row r-1's last code is still a draft (our anchoring choice). Every code
+    is committed once, the rows overlap, and a prompt's tokens do not depend on its (ragged) batch."""
+    sampled = SamplingConfig(cfg_scale=7.5, temperature=1.0, top_k=20)
+    pjd = PJDDecoder(window=4, context=2)
+    res = pjd.generate(llamagen, PROMPTS, sampled, gens(PROMPTS))
+    assert [sum(a) for a in res.accepted] == [N, N]
+    assert ((res.tokens >= 0) & (res.tokens < CODES)).all()
+    assert all(n < N - GRID for n in res.n_forward)  # AR takes N forwards
+    alone = pjd.generate(llamagen, PROMPTS[1:], sampled, gens(PROMPTS[1:])).tokens
+    assert torch.equal(res.tokens[1:], alone)
 
 
 def test_a_prompts_tokens_do_not_depend_on_its_batch(llamagen):

@@ -18,12 +18,25 @@ lower-row rules depart from speculative sampling (the audit measures the distanc
 Our choices where the official code leaves room (config in conf/decoder/pjd.yaml):
 - `window` counts a row's drafts (the official W=8); `context` = c (official 9).
 - Positions outside the code grid must be grammar-forced (begin/end of image, size tokens,
-  end-of-line): they are known in advance. Row r's first anchor is the end-of-line token of
-  row r-1, written when row r starts (the official "append EOL" step); prefix tokens are written
-  by the first forward; when the stream starts with the first code (Emu3: begin-of-image is in
-  the prompt) that code is sampled from the prefill, as in AR. A layout without end-of-line
-  tokens (Janus, LlamaGen) has no such anchor and is refused.
-- A row completed by a residual/bonus token writes that token's K/V in the next forward.
+  end-of-line): they are known in advance. Prefix tokens are written by the first forward; when
+  the stream starts with the first code (Emu3: begin-of-image is in the prompt) that code is
+  sampled from the prefill, as in AR.
+- A row's first anchor is the token just before its first code. With end-of-line tokens that is
+  the end-of-line of row r-1: forced, so committed from the start, and written by row r's first
+  forward (the official "append EOL" step). Without them (Janus, LlamaGen, Anole) it is row r-1's
+  last code P, not yet committed when row r starts. The released code is Lumina-only (it has
+  end-of-line tokens), so this anchoring is ours: until P is committed, row r (while it has no
+  code) is anchored on a draft of P at P's raster position: row r-1's draft of that column (the
+  one in this window, else its carried one) if it has one, else a fresh one. That slot is seen
+  by row r's own slots only, never by another row, and row r never commits it (row r-1 does);
+  once P is committed the anchor is P itself. It is lossy in the same way PJD already is: a
+  token of row r conditions on part of row r-1 only (here also on a draft of its last code),
+  and its K/V keep that conditioning.
+- The cache keeps and drops slots by position, so a position that appeared twice in one window
+  (row r-1's draft of P and row r's anchor), or whose slot held a draft anchor, is marked not
+  written after the forward: a later forward rewrites it, which replaces all its cached slots.
+- A row completed by a residual/bonus token writes that token's K/V in the next forward (as the
+  next row's anchor, or as a lead-in token once no row anchors on it).
 - Fresh drafts use sjd.drafts (`init`): `vertical` copies the committed token above.
 - `accepted` records codes committed per forward (the prefill entry counts the forced tokens).
 """
@@ -51,6 +64,14 @@ class Segment:
     n_committed: int  # leading inputs that are committed tokens
     drafts: torch.Tensor | None = None
     q: torch.Tensor | None = None
+    # No-EOL layouts: the row's anchor (positions[0], then n_committed = 0) is this uncommitted draft of
+    # the row above's last code, seen by this segment's own slots only and never committed by this row.
+    anchor_draft: torch.Tensor | None = None
+
+    @property
+    def n_lead(self) -> int:
+        """Inputs before the drafts: the committed tokens and the draft anchor, if any."""
+        return self.n_committed + (self.anchor_draft is not None)
 
 
 @dataclass
@@ -90,10 +111,10 @@ class PJDDecoder(Decoder):
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
         layout = adapter.layout
-        if layout.row_stride != layout.width + 1:
+        if layout.row_stride not in (layout.width, layout.width + 1):
             raise ValueError(
-                f"decoder {self.name!r} needs an end-of-line token after every image row (it anchors the next "
-                f"row's window); model {adapter.name!r} has rows of {layout.row_stride} tokens for {layout.width} codes"
+                f"decoder {self.name!r} needs rows of width or width + 1 (end-of-line) tokens; model "
+                f"{adapter.name!r} has rows of {layout.row_stride} tokens for {layout.width} codes"
             )
         grid = torch.zeros(layout.n_tokens, dtype=torch.bool)
         for r in range(layout.height):
@@ -140,12 +161,26 @@ class PJDDecoder(Decoder):
                 if not plan:
                     continue
                 s.accepted.append(self.verify_and_commit(s, plan, p[b], layout, generators[b]))
-                # The cache now holds a committed token's K/V only where the window wrote that very token.
-                wrote = positions[b][positions[b] >= 0].to(device)
-                s.written[wrote] = s.committed[wrote] & (s.tokens[wrote] == tokens[b, : len(wrote)])
+                self.mark_written(s, plan, positions[b], tokens[b])
                 n_forward[b] += 1
 
         return clock.finish(torch.stack([s.tokens for s in states]), n_forward, [s.accepted for s in states])
+
+    @staticmethod
+    def mark_written(s: RowState, plan: list[Segment], positions: torch.Tensor, tokens: torch.Tensor) -> None:
+        """After a forward: the cache holds a committed token's K/V only where the window wrote that very
+        token, once. The cache keeps slots by position, so a position written twice in one window (row
+        r-1's draft of its last code and row r's draft anchor there), or whose slot was a draft anchor
+        (its K/V saw only part of the row above), is not written: a later forward rewrites it."""
+        device = s.tokens.device
+        wrote = positions[positions >= 0].to(device)
+        s.written[wrote] = s.committed[wrote] & (s.tokens[wrote] == tokens[: len(wrote)].to(device))
+        counts = torch.bincount(wrote, minlength=len(s.written))
+        stale = counts > 1
+        for seg in plan:
+            if seg.anchor_draft is not None:
+                stale[seg.positions[0]] = True
+        s.written[stale] = False
 
     # -- phases --------------------------------------------------------------------------------------
     def _initial_state(self, layout: ImageLayout, first: torch.Tensor, device: torch.device) -> RowState:
@@ -176,16 +211,7 @@ class PJDDecoder(Decoder):
         for r in range(1, H):
             if not s.started[r] and s.started[r - 1] and s.done[r - 1] >= self.context:
                 s.started[r] = True
-        segments = []
-        # Lead-in: committed tokens whose K/V are missing and which no active row rewrites as its anchor.
-        lead = [p for p in range(layout.first_code - 1) if not s.written[p]]
-        lead += [
-            self._pos(layout, r, w - 1)
-            for r in range(H)
-            if s.done[r] == w and not s.written[self._pos(layout, r, w - 1)]
-        ]
-        if lead:
-            segments.append(Segment(row=-1, positions=lead, n_committed=len(lead)))
+        rows: list[Segment] = []
         for r in range(H):
             if not s.started[r] or s.done[r] == w:
                 continue
@@ -201,10 +227,41 @@ class PJDDecoder(Decoder):
                 known[start : start + len(drafts)] = drafts
                 new = fresh_drafts(self.init, known, start + len(drafts), n - len(drafts), layout, generator)
                 drafts, q = torch.cat([drafts, new]), torch.cat([q, one_hot(new, layout.vocab_size)])
-            segments.append(
-                Segment(row=r, positions=list(range(start - 1, start + n)), n_committed=1, drafts=drafts, q=q)
-            )
-        return segments
+            seg = Segment(row=r, positions=list(range(start - 1, start + n)), n_committed=1, drafts=drafts, q=q)
+            if not s.committed[start - 1]:  # no end-of-line: anchored on a draft of the row above's last code
+                seg.n_committed = 0
+                seg.anchor_draft = self._anchor_draft(s, layout, r, rows, generator)
+            rows.append(seg)
+        # Lead-in: committed tokens whose K/V are missing and which no active row rewrites as its anchor
+        # (without end-of-line tokens a finished row's last code is the next row's anchor).
+        anchors = {seg.positions[0] for seg in rows if seg.n_committed}
+        lead = [p for p in range(layout.first_code - 1) if not s.written[p]]
+        lead += [
+            self._pos(layout, r, w - 1)
+            for r in range(H)
+            if s.done[r] == w and not s.written[self._pos(layout, r, w - 1)]
+        ]
+        lead = [p for p in lead if p not in anchors]
+        return ([Segment(row=-1, positions=lead, n_committed=len(lead))] if lead else []) + rows
+
+    def _anchor_draft(
+        self, s: RowState, layout: ImageLayout, r: int, rows: list[Segment], generator: torch.Generator
+    ) -> torch.Tensor:
+        """A draft of row r-1's last code: its draft in this window, else its carried one, else a fresh one
+        (drafted, like a row's own drafts, from the first column of row r-1 without a draft up to the last)."""
+        w, col = layout.width, s.done[r - 1]
+        above = next((seg for seg in rows if seg.row == r - 1), None)
+        drafts = above.drafts if above is not None and len(above.drafts) > len(s.carried[r - 1]) else s.carried[r - 1]
+        if w - 1 - col < len(drafts):
+            return drafts[w - 1 - col]
+        start = self._pos(layout, r - 1, col) + len(drafts)
+        known = s.tokens.clone()
+        known[start - len(drafts) : start] = drafts
+        span = torch.arange(start, self._pos(layout, r - 1, w), device=known.device)
+        scheme = self.init
+        if r >= 2 and not s.committed[span - layout.row_stride].all():
+            scheme = "random" if scheme == "random" else "horizontal"  # never copy an uncommitted token above
+        return fresh_drafts(scheme, known, start, len(span), layout, generator)[-1]
 
     def window_inputs(
         self, plans: list[list[Segment]], states: list[RowState], n_tokens: int, device: torch.device
@@ -222,8 +279,10 @@ class PJDDecoder(Decoder):
                 n = len(seg.positions)
                 positions[b, i : i + n] = torch.tensor(seg.positions)
                 tokens[b, i : i + seg.n_committed] = states[b].tokens[seg.positions[: seg.n_committed]]
+                if seg.anchor_draft is not None:  # uncommitted: only this segment's own slots see it
+                    tokens[b, i + seg.n_committed] = seg.anchor_draft
                 if seg.drafts is not None:
-                    tokens[b, i + seg.n_committed : i + n] = seg.drafts
+                    tokens[b, i + seg.n_lead : i + n] = seg.drafts
                 segment_id[b, i : i + n] = k
                 is_committed[b, i : i + seg.n_committed] = True
                 i += n

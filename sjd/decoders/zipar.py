@@ -4,12 +4,15 @@ Row r+1 starts once row r has `context` committed codes (ZipAR's "window": 8 for
 for Lumina-mGPT); every forward then feeds each active row its last committed token at its
 true raster position and samples one code per active row from p, with no drafts and no
 verification. A row never passes the row above, and it sees the committed codes of the rows
-above, never their future ones, which is why it is not lossless (the audit measures it).
+above, never their future ones (but for the draft anchor below), which is why it is not
+lossless (the audit measures it).
 
 It reuses PJD's segments, row-causal mask and bookkeeping (sjd.decoders.pjd) with zero drafts
-per row and every active row taking its sample. Like PJD it needs end-of-line anchors; the
-new row's first input is the end-of-line token closing the row above (ZipAR's "auxiliary
-token" is that row's last code, which this layout reaches through the cache).
+per row and every active row taking its sample, and PJD's anchors: a new row's first input is
+the end-of-line token closing the row above (ZipAR's "auxiliary token" is that row's last code,
+which this layout reaches through the cache) or, in a layout without end-of-line tokens
+(LlamaGen, Janus, Anole), the row above's last code itself: a draft of it, seen by the new row
+only, until the row above commits it (PJD's anchoring choice, see sjd.decoders.pjd).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ Layout, as transformers' "image-only" generation mode constrains it (`max_new_to
     <racm3:break>  32 x 32 codes (raster order, no end-of-line)  <eoss>
 
 1026 tokens at 512 px (16 px per code); begin- and end-of-image are forced, code positions allow
-exactly the 8192 image-code ids. With no end-of-line token PJD refuses this model (its rows have
-no anchor).
+exactly the 8192 image-code ids. With no end-of-line token PJD anchors a new row on a draft of the
+row above's last code (sjd/decoders/pjd.py).
 
 CFG: SJD's batched construction, as for Lumina-mGPT (sjd.models.chameleon; SJD runs Anole through
 the same sampler). Images decode through our Chameleon VQGAN: Anole reuses Chameleon's image

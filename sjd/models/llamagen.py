@@ -14,7 +14,7 @@ HTML, unusual punctuation or letter-digit codes can reach T5 differently.
 Layout. Generated position 0 is the first image code: the stream is the 32 x 32 = 1024 VQ-16 codes of a 512 px
 image in raster order, with no begin- or end-of-image token and no end-of-line token. Nothing is forced and every
 position is free over the whole 16384-code codebook; token ids are codebook indices (the GPT's vocabulary is the
-codebook). PJD, which needs end-of-line tokens, refuses this layout.
+codebook). PJD anchors a new row on a draft of the row above's last code (sjd/decoders/pjd.py).
 
 CFG. As the official `generate`: the unconditional rows replace the caption by the learned null caption
 (`cls_embedding.uncond_embedding`, projected by the same MLP), and keep the *conditional* row's caption padding
@@ -252,9 +252,15 @@ class LlamaGenAdapter(RaggedRows, ModelAdapter):
 
     @torch.no_grad()
     def forward_at(
-        self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, window_mask: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        keep: torch.Tensor,
+        window_mask: torch.Tensor,
+        transient: torch.Tensor | None = None,
     ) -> Logits:
-        kwargs = self._ragged().prepare_at(positions.cpu(), keep.cpu(), window_mask.cpu(), self.device)
+        transient = None if transient is None else transient.cpu()
+        kwargs = self._ragged().prepare_at(positions.cpu(), keep.cpu(), window_mask.cpu(), self.device, transient)
         return self._run(tokens, **kwargs)
 
     def _run(self, tokens: torch.Tensor, position_ids, attention_mask) -> Logits:
