@@ -52,7 +52,8 @@ class SJD2Decoder(Decoder):
             raise ValueError(
                 f"decoder {self.name!r} needs model capabilities ['embeds'] (a noise-aware fine-tuned checkpoint), "
                 f"which model {adapter.name!r} does not provide (it has {sorted(adapter.capabilities)}); "
-                "on the toy use model=toy_sjd2 (scripts/finetune_sjd2.py makes its checkpoint)"
+                "on the toy use model=toy_sjd2 (scripts/finetune_sjd2.py makes its checkpoint), on Lumina-mGPT / "
+                "Emu3 model=lumina_sjd2 / emu3_sjd2 (scripts/finetune_sjd2_hf.py makes theirs)"
             )
         super().check(adapter)
         self._windows.check(adapter)

@@ -368,7 +368,13 @@ class ChameleonAdapter(CausalLMAdapter):
     # -- model calls -----------------------------------------------------------------------------
     def _run(self, ids: torch.Tensor, logits_to_keep: int = 0, **kwargs) -> CausalLMOutput:
         """Backbone + lm_head: the library's forward would mask every image-code logit."""
-        hidden = self.model.model(input_ids=ids, **kwargs).last_hidden_state
+        return self._head(self.model.model(input_ids=ids, **kwargs).last_hidden_state, logits_to_keep)
+
+    def _run_embeds(self, inputs_embeds: torch.Tensor, logits_to_keep: int = 0, **kwargs) -> CausalLMOutput:
+        """As `_run`, from input embeddings (SJD2's noise-aware path)."""
+        return self._head(self.model.model(inputs_embeds=inputs_embeds, **kwargs).last_hidden_state, logits_to_keep)
+
+    def _head(self, hidden: torch.Tensor, logits_to_keep: int) -> CausalLMOutput:
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return CausalLMOutput(logits=self.model.lm_head(hidden))

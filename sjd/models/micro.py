@@ -17,7 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from sjd.models.base import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
 from sjd.models.causal_lm import CausalLMAdapter
-from sjd.models.noise_aware import NoiseAwareInputs
+from sjd.models.noise_aware import NoiseAwareLMInputs
 from sjd.toy.noise_aware import NoiseAwareLM
 
 PAD, BOS, NULL, WORD_A, WORD_B = 0, 1, 2, 3, 4
@@ -92,7 +92,7 @@ class MicroAdapter(CausalLMAdapter):
         return (body[..., : self.width] - FIRST_CODE).cpu()
 
 
-class MicroSJD2Adapter(NoiseAwareInputs, MicroAdapter):
+class MicroSJD2Adapter(NoiseAwareLMInputs, MicroAdapter):
     """The micro model behind SJD2's noise-aware input path, with a random timestep embedding.
 
     Nothing here is trained to denoise; it exists so that the audit can test the SJD2 loop's

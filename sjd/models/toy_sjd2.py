@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from sjd.models.noise_aware import NoiseAwareInputs
+from sjd.models.noise_aware import NoiseAwareLMInputs
 from sjd.models.toy import ToyAdapter, toy_layout
 from sjd.toy.noise_aware import load_noise_aware
 from sjd.toy.tokenizer import ToyVocab
@@ -14,7 +14,7 @@ from sjd.toy.tokenizer import ToyVocab
 DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "assets" / "toy_sjd2"
 
 
-class ToySJD2Adapter(NoiseAwareInputs, ToyAdapter):
+class ToySJD2Adapter(NoiseAwareLMInputs, ToyAdapter):
     def __init__(self, weights: str | None = None, device: str = "cpu", name: str = "toy_sjd2") -> None:
         self.name = name
         self.device = torch.device(device)

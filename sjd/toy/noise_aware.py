@@ -1,16 +1,13 @@
 """The noise-aware toy model of SJD2 (algorithms.md §5): next-clean-token prediction.
 
 SJD2 fine-tunes an AR model so that some of its inputs may be noisy token embeddings while the
-target stays the next *clean* token. Our choices where the notes leave room:
-- Embedding normalisation: every input embedding (clean or noisy) is scaled to unit RMS, so
-  clean embeddings and Gaussian noise live on one scale ("without it denoising fails").
-- Noise path: x_t = (1 - t) * e_hat + t * eps, t in [0, 1] (a rectified-flow interpolation;
-  t = 1 is pure noise). `t` is discretised into N_LEVELS levels; level 0 is clean.
-- Timestep signal: a learned per-level embedding added to the input embedding (zero-initialised,
-  so fine-tuning starts from the AR model). Clean tokens, the prompt included, get level 0.
+target stays the next *clean* token. The input path (unit-RMS embeddings, the rectified-flow
+noise path over N_LEVELS levels, the zero-initialised timestep embedding) is the one every
+noise-aware model shares, sjd.models.noise_path.NoisePath; the toy uses it at scale 1.
 
 The module wraps the toy `LlamaForCausalLM` and feeds it `inputs_embeds`, so the transformers
-cache, masks and positions work exactly as for the plain toy model.
+cache, masks and positions work exactly as for the plain toy model. Its checkpoint keeps the
+format it was made in (model.safetensors with keys `lm.*` and `time_embed.weight`, config.json).
 """
 
 from __future__ import annotations
@@ -23,38 +20,35 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from sjd.models.noise_path import N_LEVELS, NoisePath
 from sjd.toy.model import TEXT_CONTEXT, build_toy_model
 
-N_LEVELS = 32
 
+class NoiseAwareLM(NoisePath):
+    """A NoisePath (scale 1) together with the LM it feeds: one module, one state dict."""
 
-def level_to_t(levels: torch.Tensor) -> torch.Tensor:
-    return levels.float() / (N_LEVELS - 1)
-
-
-class NoiseAwareLM(nn.Module):
     def __init__(self, lm: LlamaForCausalLM) -> None:
-        super().__init__()
+        # The LM is registered before the timestep embedding, as when the shipped checkpoint was
+        # trained: parameter order fixes the summation order of gradient clipping, so the fine-tune
+        # script still reproduces sjd/assets/toy_sjd2 exactly.
+        nn.Module.__init__(self)
         self.lm = lm
-        self.time_embed = nn.Embedding(N_LEVELS, lm.config.hidden_size)
-        nn.init.zeros_(self.time_embed.weight)
+        self._init_path(lm.config.hidden_size, N_LEVELS)
 
     @property
     def config(self) -> LlamaConfig:
         return self.lm.config
 
+    def get_input_embeddings(self) -> nn.Module:
+        return self.lm.get_input_embeddings()
+
     def clean_embeddings(self, ids: torch.Tensor) -> torch.Tensor:
         """Unit-RMS token embeddings: the e_hat that noise is mixed with."""
-        e = self.lm.get_input_embeddings()(ids)
-        return e * torch.rsqrt(e.pow(2).mean(-1, keepdim=True) + 1e-6)
-
-    def noisy(self, clean: torch.Tensor, levels: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        t = level_to_t(levels).unsqueeze(-1).to(clean.dtype)
-        return (1 - t) * clean + t * noise
+        return self.clean(self.lm.get_input_embeddings()(ids))
 
     def forward(self, inputs_embeds: torch.Tensor, levels: torch.Tensor, **kwargs):
         """`inputs_embeds` [B, T, D] (already mixed with noise), `levels` [B, T] their noise levels."""
-        return self.lm(inputs_embeds=inputs_embeds + self.time_embed(levels), **kwargs)
+        return self.lm(inputs_embeds=self.inputs(inputs_embeds, levels), **kwargs)
 
 
 def save_noise_aware(model: NoiseAwareLM, directory: Path, meta: dict) -> None:

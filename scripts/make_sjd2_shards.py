@@ -1,0 +1,76 @@
+"""Image-caption pairs -> SJD2 training shards for scripts/finetune_sjd2_hf.py, through the model's VQ encoder.
+
+    python scripts/make_sjd2_shards.py --model lumina --base <Lumina-mGPT dir> --vqgan <Chameleon tokenizer dir> \\
+        --pairs pairs.jsonl --out shards/lumina_768 --resolution 768 --device cuda
+    python scripts/make_sjd2_shards.py --model emu3 --base <Emu3-Gen-hf dir> --pairs pairs.jsonl --out shards/emu3_720
+
+`--pairs`: JSON lines {"image": <path, relative to the file's folder or absolute>, "caption": <text>}.
+Each image is resized and centre-cropped to the square the layout's code grid covers (`--resolution`
+for the real VQs: 48 x 16 px for Lumina-mGPT 768, 90 x 8 px for Emu3 720) and encoded by the model's own
+VQ (Chameleon's VQGAN for Lumina-mGPT, the checkpoint's Emu3 VQ for Emu3); the caption becomes the
+adapter's conditional prompt row. Only the tokenizer, config and VQ are loaded, not the LM weights.
+Writes `shard-00000.safetensors`, ... of `--shard-size` sequences each (format: sjd/sjd2_data.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sjd.sjd2_data import write_shard  # noqa: E402
+from sjd.sjd2_encode import chameleon_encoder, emu3_encoder, encode_pairs, tokenizing_adapter  # noqa: E402
+
+DEFAULT_RESOLUTION = {"lumina": 768, "emu3": 720}
+
+
+def read_pairs(path: Path) -> list[tuple[Path, str]]:
+    pairs = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        image = Path(item["image"])
+        image = image if image.is_absolute() else path.parent / image
+        if not image.is_file():
+            raise FileNotFoundError(f"{path}:{n}: image {image} not found")
+        pairs.append((image, str(item["caption"])))
+    return pairs
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=sorted(DEFAULT_RESOLUTION), required=True)
+    ap.add_argument("--base", required=True, help="the base checkpoint (transformers format): tokenizer, config, VQ")
+    ap.add_argument("--vqgan", default=None, help="lumina: directory with Chameleon's vqgan.yaml + vqgan.ckpt")
+    ap.add_argument("--pairs", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--resolution", type=int, default=None)
+    ap.add_argument("--shard-size", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=8, help="images per VQ forward")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+
+    resolution = args.resolution or DEFAULT_RESOLUTION[args.model]
+    if args.model == "lumina" and not args.vqgan:
+        ap.error("--model lumina needs --vqgan (Chameleon's image tokenizer directory)")
+    adapter = tokenizing_adapter(args.model, args.base, resolution)
+    encoder = (
+        chameleon_encoder(args.vqgan, args.device) if args.model == "lumina" else emu3_encoder(args.base, args.device)
+    )
+    pairs = read_pairs(args.pairs)
+    written = []
+    for k, first in enumerate(range(0, len(pairs), args.shard_size)):
+        examples = encode_pairs(adapter, encoder, pairs[first : first + args.shard_size], args.batch)
+        path = args.out / f"shard-{k:05d}.safetensors"
+        write_shard(path, examples, args.model)
+        written.append(path)
+        print(f"{path}: {len(examples)} sequences of {adapter.layout.n_tokens} image tokens", flush=True)
+    return written
+
+
+if __name__ == "__main__":
+    main()
