@@ -1,7 +1,7 @@
 """Compute FID reference statistics once from real images, for `eval.fid.reference`.
 
     python scripts/fid_reference.py --images /data/coco/val2017 --extractor inception \
-        --inception-weights pt_inception-2015-12-05-6726825d.pth --protocol sjd --out refs/coco_val2017_sjd.npz
+        --inception-weights weights-inception-2015-12-05-6726825d.pth --protocol sjd --out refs/coco_val2017_sjd.npz
     python scripts/fid_reference.py --toy 2000 --protocol sjd --out refs/toy_heldout.npz
 
 Images are read with PIL (RGB), pre-processed by the protocol (sjd: resize 299; clean: centre
@@ -32,11 +32,16 @@ def main() -> None:
     ap.add_argument("--extractor", default="toy", choices=["toy", "inception"])
     ap.add_argument("--weights", default=None, help="toy CLIP directory (extractor toy)")
     ap.add_argument("--inception-weights", default=None)
+    ap.add_argument(
+        "--any-inception",
+        action="store_true",
+        help="accept Inception weights that are not the reference file (their FID does not compare with papers')",
+    )
     ap.add_argument("--protocol", default="sjd", choices=["sjd", "clean"])
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
-    metric = build_metric(args.extractor, args.weights, args.inception_weights)
+    metric = build_metric(args.extractor, args.weights, args.inception_weights, not args.any_inception)
     if args.images:
         files = sorted(p for p in args.images.iterdir() if p.suffix.lower() in EXTENSIONS)
         if not files:

@@ -8,7 +8,9 @@ formula computed by hand, not matched against shuffled captions."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from PIL import Image
 from safetensors.torch import save_file
 
+import sjd.eval.fid as fid_module
 from sjd.eval.clip_score import clip_score, import_open_clip, load_open_clip, resolve_open_clip_weights
 from sjd.eval.fid import add_images, build_metric
 from sjd.eval.protocols import preprocess
@@ -187,7 +190,7 @@ def one_thread():
 def test_inception_fid_is_zero_for_a_set_against_itself_and_positive_against_a_noised_copy(
     random_inception_weights, one_thread
 ):
-    metric = build_metric("inception", inception_weights=random_inception_weights)
+    metric = build_metric("inception", inception_weights=random_inception_weights, require_reference_inception=False)
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (4, 48, 48, 3), dtype=np.uint8)
     noisy = np.clip(images + rng.normal(0, 60, images.shape), 0, 255).astype(np.uint8)
@@ -211,4 +214,15 @@ def test_inception_weights_are_read_as_tensors_only(tmp_path):
         build_metric("inception", inception_weights=str(tmp_path / "absent.pth"))
     torch.save({"fc.weight": torch.zeros(1), "payload": _NotATensor()}, tmp_path / "pickle.pth")
     with pytest.raises(ValueError, match=r"eval\.fid\.inception_weights: .*pickle\.pth holds more than tensors"):
-        build_metric("inception", inception_weights=str(tmp_path / "pickle.pth"))
+        build_metric("inception", inception_weights=str(tmp_path / "pickle.pth"), require_reference_inception=False)
+
+
+def test_inception_weights_must_be_the_reference_file_unless_the_config_says_otherwise(
+    random_inception_weights, monkeypatch
+):
+    """FID with other Inception weights does not compare with published FIDs: the file's sha256 is checked."""
+    with pytest.raises(ValueError, match=r"eval\.fid\.inception_weights: .* not the reference FID Inception file"):
+        build_metric("inception", inception_weights=random_inception_weights)
+    digest = hashlib.sha256(Path(random_inception_weights).read_bytes()).hexdigest()
+    monkeypatch.setattr(fid_module, "REFERENCE_INCEPTION_SHA256", digest)  # as if this were the reference file
+    assert build_metric("inception", inception_weights=random_inception_weights).inception is not None

@@ -9,6 +9,9 @@ Feature networks (`eval.fid.extractor`):
   downloaded. torch-fidelity unpickles the file with `weights_only=False`, so it never sees the
   user's file: the weights are read here with safetensors or `torch.load(weights_only=True)`
   (which refuses anything but tensors) and handed over as a fresh copy.
+  The file must be the reference one, byte for byte (its sha256 is checked), because an FID
+  computed with other Inception weights does not compare with published FIDs. Other weights,
+  a .safetensors conversion included, need `eval.fid.require_reference_inception=false`.
 
 Reference statistics (sum of features, sum of outer products, count) are computed once from
 real images and stored as .npz next to a JSON note of what they were computed from; a run
@@ -59,13 +62,36 @@ def load_tensor_file(path: str, config_key: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def inception_metric(inception_weights: str | None) -> FrechetInceptionDistance:
+# sha256 of torch-fidelity's weights-inception-2015-12-05-6726825d.pth (95,628,359 bytes), the
+# TensorFlow FID graph of 2015-12-05 ported to PyTorch, which torchmetrics and torch-fidelity
+# fetch; several independent evaluation pipelines pin this same digest.
+REFERENCE_INCEPTION_SHA256 = "6726825d0af5f729cebd5821db510b11b1cfad8faad88a03f1befd49fb9129b2"
+
+
+def check_reference_inception(path: str) -> None:
+    """Refuse Inception weights that are not the reference file, naming the key and the fix."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != REFERENCE_INCEPTION_SHA256:
+        raise ValueError(
+            f"eval.fid.inception_weights: {path} is not the reference FID Inception file "
+            f"(sha256 {digest.hexdigest()[:16]}..., expected {REFERENCE_INCEPTION_SHA256[:16]}... of torch-fidelity's "
+            "weights-inception-2015-12-05-6726825d.pth), so its FID would not compare with published ones. Use "
+            "that file, or set eval.fid.require_reference_inception=false to score with these weights anyway."
+        )
+
+
+def inception_metric(inception_weights: str | None, require_reference: bool = True) -> FrechetInceptionDistance:
     """torchmetrics' 2048-d Inception FID with weights read safely from a local file."""
     if not inception_weights or not Path(inception_weights).is_file():
         raise FileNotFoundError(
             f"FID extractor 'inception': weights file {inception_weights!r} not found. Set "
             "`eval.fid.inception_weights` to torch-fidelity's weights-inception-2015-12-05-6726825d.pth."
         )
+    if require_reference:
+        check_reference_inception(inception_weights)
     state = load_tensor_file(inception_weights, "eval.fid.inception_weights")
     with tempfile.TemporaryDirectory() as tmp:
         checked = Path(tmp) / "inception.pth"
@@ -80,11 +106,16 @@ def inception_metric(inception_weights: str | None) -> FrechetInceptionDistance:
             ) from e
 
 
-def build_metric(extractor: str, weights: str | None = None, inception_weights: str | None = None):
+def build_metric(
+    extractor: str,
+    weights: str | None = None,
+    inception_weights: str | None = None,
+    require_reference_inception: bool = True,
+):
     if extractor == "toy":
         return FrechetInceptionDistance(feature=ToyFeatures(weights), reset_real_features=False)
     if extractor == "inception":
-        return inception_metric(inception_weights)
+        return inception_metric(inception_weights, require_reference_inception)
     raise ValueError(f"eval.fid.extractor must be 'toy' or 'inception', got {extractor!r}")
 
 

@@ -50,6 +50,16 @@ def decode_all(adapter: ModelAdapter, tokens: list[list[int]], batch: int = 64) 
     return np.concatenate([adapter.decode_images(t[i : i + batch]) for i in range(0, len(t), batch)])
 
 
+def fid_metric(fid_cfg: dict):
+    """The FID metric an eval config asks for (`require_reference_inception` only matters for inception)."""
+    return build_metric(
+        fid_cfg["extractor"],
+        fid_cfg.get("weights"),
+        fid_cfg.get("inception_weights"),
+        bool(fid_cfg.get("require_reference_inception", True)),
+    )
+
+
 def reference_path(fid_cfg: dict, cache_dir: Path) -> Path:
     """The .npz of real-image statistics; `toy_heldout` is computed on first use and cached."""
     if fid_cfg["reference"] != "toy_heldout":
@@ -58,7 +68,7 @@ def reference_path(fid_cfg: dict, cache_dir: Path) -> Path:
     key = reference_key(fid_cfg["extractor"], fid_cfg["protocol"], f"toy_heldout:{n}:{fid_cfg.get('weights')}")
     path = cache_dir / "fid_reference" / f"toy_heldout_{key}.npz"
     if not path.is_file():
-        metric = build_metric(fid_cfg["extractor"], fid_cfg.get("weights"), fid_cfg.get("inception_weights"))
+        metric = fid_metric(fid_cfg)
         add_images(metric, toy_reference_images(n), fid_cfg["protocol"], real=True)
         note = {
             "source": "toy held-out scenes",
@@ -78,7 +88,7 @@ def evaluate(eval_cfg: dict | None, samples: pd.DataFrame, adapter: ModelAdapter
     metric = None
     if fid_cfg:
         ref = reference_path(fid_cfg, cache_dir)
-        metric = build_metric(fid_cfg["extractor"], fid_cfg.get("weights"), fid_cfg.get("inception_weights"))
+        metric = fid_metric(fid_cfg)
         load_reference(metric, ref)
     rows = []
     for decoder, df in samples.groupby("decoder", sort=False):
