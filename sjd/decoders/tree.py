@@ -12,12 +12,16 @@ against p with q; on rejection p <- norm(max(0, p - q)) and s_i is tested agains
 q_i = q without c, s_1 .. s_{i-1}, renormalised (the distribution s_i was drawn from); if every
 candidate is rejected the last residual is sampled. Each stage is a speculative-sampling step
 whose fallback is the next stage, so the committed token is distributed exactly as p. An
-accepted sibling ends the chain, and its own output gives the next token exactly (a bonus).
-Next drafts for the chain slots come from the coupling, as in CoupledSJDDecoder.
+accepted sibling ends the chain, and its own output gives the next token exactly (a bonus):
+the chain's carried draft there is tested against it and kept if it passes, so the drafts
+after it, drawn given that draft, stay in step. Next drafts for the chain slots come from the
+coupling, as in CoupledSJDDecoder.
 
 Our choices (SJD-PAC's code is unreleased; its page gives depth 3, width 4):
 - `window` counts every forward input (lead-in, chain drafts, siblings): at the same window the
-  chain is shorter by the siblings, so comparisons with SJD are at equal forward width.
+  chain is shorter by the siblings, so comparisons with SJD are at equal forward width. On the
+  toy model that costs more than the siblings win: converged stretches are accepted 40-64 tokens
+  at a time, and those are the iterations where the siblings take the chain's tail.
 - Siblings go only where the chain draft's q is a distribution (a carried draft); a fresh
   one-hot draft has nothing to draw them from, and those slots go to the chain.
 - Sibling slots are transient in the cache; when one is committed, the next forward rewrites
@@ -227,7 +231,7 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
             picked, target = verify_siblings(target, q_at, chain_draft, win.siblings[rows, k], present, u["sibling"])
             sib_p = p[rows, win.sibling_slot.to(device)[rows, k, picked.clamp(min=0)]]
         next_token = sample_from(target, u["final"])
-        bonus = sample_from(sib_p, u["bonus"])
+        bonus = self.bonus_after_sibling(sib_p, win, n_acc + 1, u)
 
         result = VerifyResult(n_acc, next_token, accepted)
         positions = torch.as_tensor(state.committed, device=device)[:, None] + torch.arange(C + 1, device=device)
@@ -260,6 +264,21 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
             state.accepted[b].append(take)
             state.n_forward[b] += 1
 
+    @staticmethod
+    def bonus_after_sibling(sib_p: torch.Tensor, win: TreeWindow, slot: torch.Tensor, u: dict) -> torch.Tensor:
+        """The token after an accepted sibling, distributed as the sibling's own p: the chain's carried
+        draft for that position is tested against it (kept if u * q(d) < p(d), else a residual sample).
+        Sampling p afresh would be as exact, but the drafts after it were drawn given that carried
+        draft; keeping it when p allows keeps them in step (measured: fresh bonuses cost forwards)."""
+        B, C = win.drafts.shape
+        if C == 0:
+            return sample_from(sib_p, u["bonus"])
+        rows = torch.arange(B, device=sib_p.device)
+        has = slot < win.n_drafts
+        d, q = win.drafts[rows, slot.clamp(max=C - 1)], win.q[rows, slot.clamp(max=C - 1)] * has[:, None]
+        kept = has & accept_tests(sib_p[:, None], d[:, None], q[:, None], u["bonus_accept"][:, None])[:, 0]
+        return torch.where(kept, d, sample_from(residual(sib_p, q), u["bonus"]))
+
 
 def draw_tree_uniforms(
     generators: Sequence[torch.Generator], n_drafts: list[int], C: int, K1: int, device: torch.device
@@ -272,13 +291,14 @@ def draw_tree_uniforms(
         "sibling": torch.zeros(B, K1, device=device),
         "final": torch.zeros(B, device=device),
         "bonus": torch.zeros(B, device=device),
+        "bonus_accept": torch.zeros(B, device=device),
     }
     for b, (g, c) in enumerate(zip(generators, n_drafts)):
-        u = torch.rand(2 * c + 1 + K1 + 2, generator=g, device=device)
+        u = torch.rand(2 * c + 1 + K1 + 3, generator=g, device=device)
         out["accept"][b, :c] = u[:c]
         out["jacobi"][b, : c + 1] = u[c : 2 * c + 1]
         out["sibling"][b] = u[2 * c + 1 : 2 * c + 1 + K1]
-        out["final"][b], out["bonus"][b] = u[-2], u[-1]
+        out["final"][b], out["bonus"][b], out["bonus_accept"][b] = u[-3], u[-2], u[-1]
     return out
 
 
