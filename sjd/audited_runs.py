@@ -19,7 +19,18 @@ from sjd.decoders.ar import ARDecoder
 from sjd.runner import build_decoders, run
 from sjd.sampling import SamplingConfig
 
-SETTINGS = ("window", "init", "context", "denoise_steps", "coupling", "forced_drafts", "neighbours", "delta")
+SETTINGS = (
+    "window",
+    "init",
+    "context",
+    "denoise_steps",
+    "coupling",
+    "forced_drafts",
+    "neighbours",
+    "delta",
+    "branches",
+    "branch_depth",
+)
 AUDIT_BATCH = 500
 
 
