@@ -25,6 +25,7 @@ class RaggedRows:
     The adapter sets `self._cache` (a RaggedCache) in prefill and `self._with_uncond`."""
 
     name: str
+    device: torch.device
     _with_uncond: bool
 
     def truncate(self, lengths: Sequence[int]) -> None:
@@ -35,6 +36,13 @@ class RaggedRows:
         if cache is None:
             raise RuntimeError(f"{self.name}: call prefill before forward or truncate")
         return cache
+
+    def _window_at(
+        self, positions: torch.Tensor, keep: torch.Tensor, window_mask: torch.Tensor, transient: torch.Tensor | None
+    ) -> dict:
+        """The model kwargs of a `forward_at` window (the cache's bookkeeping lives on the host)."""
+        transient = None if transient is None else transient.cpu()
+        return self._ragged().prepare_at(positions.cpu(), keep.cpu(), window_mask.cpu(), self.device, transient)
 
     def _split(self, logits: torch.Tensor) -> Logits:
         """[2B or B, W, V] -> conditional and unconditional rows, in float32 for the logits pipeline."""
@@ -102,8 +110,7 @@ class CausalLMAdapter(RaggedRows, ModelAdapter):
         window_mask: torch.Tensor,
         transient: torch.Tensor | None = None,
     ) -> Logits:
-        transient = None if transient is None else transient.cpu()
-        kwargs = self._ragged().prepare_at(positions.cpu(), keep.cpu(), window_mask.cpu(), self.device, transient)
+        kwargs = self._window_at(positions, keep, window_mask, transient)
         ids = torch.cat([tokens, tokens]) if self._with_uncond else tokens
         out = self._run(ids, cache=self._ragged().cache, use_cache=True, **kwargs)
         return self._split(out.logits)

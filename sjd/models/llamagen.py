@@ -259,9 +259,7 @@ class LlamaGenAdapter(RaggedRows, ModelAdapter):
         window_mask: torch.Tensor,
         transient: torch.Tensor | None = None,
     ) -> Logits:
-        transient = None if transient is None else transient.cpu()
-        kwargs = self._ragged().prepare_at(positions.cpu(), keep.cpu(), window_mask.cpu(), self.device, transient)
-        return self._run(tokens, **kwargs)
+        return self._run(tokens, **self._window_at(positions, keep, window_mask, transient))
 
     def _run(self, tokens: torch.Tensor, position_ids, attention_mask) -> Logits:
         ids = torch.cat([tokens, tokens]) if self._with_uncond else tokens
