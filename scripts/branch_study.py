@@ -8,7 +8,9 @@ Counts forwards only (no timing), so it can run next to other work. Rows:
   slots they take, on its own;
 - for csjd: the share of forwards that commit one token and the share of tokens committed by
   forwards that commit more than 40 (the toy's accepted lengths are bimodal);
-- how often a sibling was committed.
+- how often a sibling was committed;
+- where the forwards go: forwards per image row for csjd, and for csjd starting with one AR
+  token and horizontal drafts (the first row's cold start).
 """
 
 from __future__ import annotations
@@ -73,6 +75,21 @@ def main() -> None:
             f"forwards committing 1 token {one:.0%}, tokens from forwards committing > 40: {long_share:.0%}; "
             f"sibling commits {siblings}"
         )
+    layout = adapter.layout
+    for label, decoder in (
+        ("csjd", CoupledSJDDecoder(window=W)),
+        ("csjd, one AR token first, horizontal drafts", CoupledSJDDecoder(window=W, init="horizontal", ar_prefix=2)),
+    ):
+        per_row = [0] * layout.height
+        for seed in range(args.seeds):
+            gens = make_generators(seed, [p.prompt_id for p in prompts], adapter.device)
+            for accepted in decoder.generate(adapter, prompts, sampling, gens).accepted:
+                position = 0
+                for take in accepted:  # a forward counts for the image row its first new token falls in
+                    per_row[min(max(position - layout.first_code, 0) // layout.row_stride, layout.height - 1)] += 1
+                    position += take
+        runs = args.seeds * len(prompts)
+        print(f"{label}: forwards per image row (top first): {', '.join(f'{n / runs:.1f}' for n in per_row)}")
 
 
 if __name__ == "__main__":
