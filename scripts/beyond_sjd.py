@@ -10,6 +10,9 @@ comparators, and the Pareto picture, from one invocation.
    here (median of repeated forwards against a mid-image context): c_W. A decoder taking S
    forwards at window W can at best be (step compression / c_W) faster than AR, so
    `efficiency` = latency speedup / (step compression / c_W) shows what decoder bookkeeping costs.
+   `forward_cost` and `efficiency_run` are the same measured inside the decode itself (each run's
+   summary, sjd.results.forward_efficiency): model time per forward against AR's, on the contexts
+   actually decoded and interleaved with AR, so they move less between invocations than c_W.
 3. results/toy_beyond_sjd.{csv,md} and results/toy_pareto.png (speedup vs audit TV and vs FID).
    The goal check (best lossless decoder >= 2x SJD's step compression at the same window,
    audited) is printed from the table, not asserted.
@@ -84,13 +87,16 @@ def main() -> None:
     table["allowed_speedup"] = table.step_compression / table.window_cost
     table["efficiency"] = table.latency_speedup / table.allowed_speedup
     columns = ["window", "decoder", "settings", "lossless_expected", "steps", "step_compression", "vs_sjd_steps"]
-    columns += ["latency_speedup", "window_cost", "efficiency", "fid", "clip", "audit_tv", "audit_p", "ar_noise_tv"]
+    columns += ["latency_speedup", "window_cost", "efficiency", "forward_cost", "efficiency_run"]
+    columns += ["fid", "clip", "audit_tv", "audit_p", "ar_noise_tv"]
     out = ROOT / "results" / "toy_beyond_sjd"
     table[columns].to_csv(out.with_suffix(".csv"), index=False)
     out.with_suffix(".md").write_text(
         f"Toy model, {rows[0]['prompts']} toy prompts, seed {cfg.seed}, CPU. Speedups against AR in the same run; "
         f"vs_sjd_steps = step compression / SJD's at the same window; window_cost = time of a W-token forward / a "
-        f"1-token forward (measured in this run); efficiency = latency speedup / (step compression / window_cost). "
+        f"1-token forward (isolated forwards, measured in this invocation); efficiency = latency speedup / (step "
+        f"compression / window_cost); forward_cost and efficiency_run: the same from the decode itself (model time per "
+        f"forward against AR's in the same run, sjd.results.forward_efficiency). "
         f"Audit: {args.n_audit} samples of one caption per decoder against AR (per-position chi-square, Bonferroni).\n"
         f"`python scripts/beyond_sjd.py --n-audit {args.n_audit}`, run dirs {', '.join(f'`{d}`' for d in run_dirs)}\n\n"
         + markdown_table(table[columns])
@@ -103,7 +109,8 @@ def main() -> None:
         best = lossless.loc[lossless.step_compression.idxmax()]
         print(
             f"window {window}: best audited lossless decoder {best.decoder}: {best.vs_sjd_steps:.2f}x SJD's step "
-            f"compression (goal 2x), efficiency {best.efficiency:.2f} (goal 0.8)"
+            f"compression (goal 2x), efficiency {best.efficiency_run:.2f} in the run, {best.efficiency:.2f} with "
+            f"isolated window costs (goal 0.8)"
         )
 
 

@@ -59,6 +59,8 @@ def run_and_audit(cfg: DictConfig, run_dir: Path, n: int, settings: tuple[str, .
                 "step_compression": s["step_compression"],
                 "latency_s": s["latency_s"],
                 "latency_speedup": s["latency_speedup"],
+                "forward_cost": s["forward_cost"],  # measured in the run (sjd.results.forward_efficiency)
+                "efficiency_run": s["efficiency"],
                 "fid": s.get("fid", float("nan")),
                 "clip": s.get("clip", float("nan")),
                 "audit_tv": audit.tv_distance,

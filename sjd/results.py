@@ -31,6 +31,8 @@ SUMMARY_COLUMNS = [
     "decode_s",
     "image_decode_s",
     "outside_model_frac",
+    "forward_cost",
+    "efficiency",
     "mean_accepted",
     "accept_hist",
     "peak_mem_mb",
@@ -159,6 +161,7 @@ def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.Dat
                 "decode_s": float(df["decode_s"].mean()),
                 "image_decode_s": float(df["image_decode_s"].mean()) if "image_decode_s" in df else float("nan"),
                 "outside_model_frac": float(1 - df["model_s"].sum() / df["latency_s"].sum()),
+                "model_s": float(df["model_s"].mean()),
                 "mean_accepted": float(sum(k * v for k, v in hist.items()) / max(n_iter, 1)),
                 "accept_hist": json.dumps(hist),
                 "peak_mem_mb": float(df["peak_mem_mb"].max()),
@@ -167,15 +170,31 @@ def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.Dat
         )
     summary = pd.DataFrame(rows)
     if baseline is not None and baseline in set(summary["decoder"]):
-        base_latency = summary.loc[summary["decoder"] == baseline, "latency_s"].iloc[0]
-        summary["latency_speedup"] = base_latency / summary["latency_s"]
+        base = summary.loc[summary["decoder"] == baseline].iloc[0]
+        summary["latency_speedup"] = base["latency_s"] / summary["latency_s"]
+        summary["forward_cost"], summary["efficiency"] = forward_efficiency(summary, base)
     else:
-        summary["latency_speedup"] = float("nan")
+        summary["latency_speedup"] = summary["forward_cost"] = summary["efficiency"] = float("nan")
     summary = summary[SUMMARY_COLUMNS]
     for key, value in meta.items():
         if key not in summary.columns:
             summary[key] = value if not isinstance(value, dict | list) else json.dumps(value, sort_keys=True)
     return summary
+
+
+def forward_efficiency(summary: pd.DataFrame, base: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """What decoder bookkeeping costs, from the run itself (issue 7's efficiency).
+
+    forward_cost: a decoder's model time per forward over the baseline's (for an AR baseline, the
+    cost of its window forward in one-token forwards, on the contexts it actually decoded, interleaved
+    with the baseline's). A decoder taking S forwards can then at best be step_compression /
+    forward_cost faster than the baseline, so efficiency = latency_speedup / that. It reduces to
+    the decoder's share of wall time spent in the model over the baseline's. Model time is the
+    adapter's forward call, so what an adapter prepares inside it (a custom mask) counts as model."""
+    per_forward = summary["model_s"] / summary["n_forward"]
+    forward_cost = per_forward / (base["model_s"] / base["n_forward"])
+    allowed = base["model_s"] / summary["model_s"]  # = (baseline's forwards / decoder's) / forward_cost
+    return forward_cost, summary["latency_speedup"] / allowed
 
 
 def write_summary(summary: pd.DataFrame, run_dir: Path) -> None:

@@ -54,7 +54,15 @@ from sjd.results import (
 from sjd.sampling import SamplingConfig
 
 log = logging.getLogger(__name__)
-TABLE_COLUMNS = ["decoder", "n_forward", "step_compression", "latency_s", "latency_speedup", "outside_model_frac"]
+TABLE_COLUMNS = [
+    "decoder",
+    "n_forward",
+    "step_compression",
+    "latency_s",
+    "latency_speedup",
+    "outside_model_frac",
+    "efficiency",
+]
 
 
 def pick_device(name: str) -> str:
