@@ -11,6 +11,13 @@ Schemes (SJD paper, §4.2 of algorithms.md):
 - sample_horizon: the arg-max of the distribution the token to the left was drawn from (its
   logits' top-1, as the official code's `sample_horizon`), when the decoder knows it; drafts
   further right, whose left neighbour is itself a fresh draft, repeat it (horizontal).
+- vertical_dist: where the position above is committed, a fresh draw from the distribution its
+  token was drawn from (q = that distribution, so the test accepts with sum(min(p, q)) rather
+  than p(token above)); elsewhere vertical. Ours: on textured regions the code above is one
+  sample of a spread p, and the code below is another; copying it matches only when the same
+  code comes up twice. With Gumbel coupling the draw uses the position's own Gumbel vector, so
+  it is the code the position will take if its p equals the one above. Coupled and SJD
+  decoders only (it needs the committed p, which the decoder keeps: `distribution_drafts`).
 A spatial scheme with no neighbour to copy (first column / first row) falls back to the other
 spatial neighbour, then to random. Positions the grammar forces (begin/end of image, size
 tokens, end-of-line) always get the forced token: p is one-hot there, so it is accepted with
@@ -24,6 +31,7 @@ import torch
 from sjd.models.base import ImageLayout
 
 SCHEMES = ("random", "horizontal", "vertical", "sample_horizon")
+DISTRIBUTION_SCHEMES = ("vertical_dist",)  # need the committed p (distribution_drafts)
 
 
 def fresh_drafts(
@@ -64,6 +72,46 @@ def fresh_drafts(
         return out
     forced = layout.forced.to(device)[start : start + count]
     return torch.where(forced >= 0, forced, out)
+
+
+def distribution_drafts(
+    known: torch.Tensor,
+    start: int,
+    count: int,
+    layout: ImageLayout,
+    generator: torch.Generator,
+    committed: int,
+    committed_p: torch.Tensor,
+    noise: torch.Tensor | None = None,
+    force: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """vertical_dist drafts for positions start .. start+count-1 of one row, and their q [count, V].
+
+    `committed_p` [row_stride, V] holds, at pos % row_stride, the distribution position pos was
+    committed from, for the row_stride positions below `committed` (the only ones a fresh
+    position, at or after `committed`, can have above it). `noise` [N + 1, V]: the row's Gumbel
+    vectors under Gumbel coupling (the draw is argmax(log q + g_pos)); else `generator` draws."""
+    device, V = known.device, layout.vocab_size
+    free_ids = layout.free_token_ids.to(device)
+    random_ids = free_ids[torch.randint(len(free_ids), (count,), generator=generator, device=device)]
+    seq = torch.cat([known[:start], torch.empty(count, dtype=torch.long, device=device)])
+    q = torch.zeros(count, V, device=device)
+    forced = layout.forced.to(device)
+    for i in range(count):  # sequential: a draft may copy the draft just above it
+        pos, above = start + i, start + i - layout.row_stride
+        column = _column(pos, layout)
+        if (force and forced[pos] >= 0) or not (0 <= column < layout.width and layout.first_code <= above < committed):
+            seq[pos] = (
+                forced[pos] if force and forced[pos] >= 0 else _spatial("vertical", seq, pos, layout, random_ids[i])
+            )
+            q[i, seq[pos]] = 1.0
+            continue
+        q[i] = committed_p[above % layout.row_stride]
+        if noise is not None:
+            seq[pos] = (q[i].log() + noise[pos]).argmax()
+        else:
+            seq[pos] = torch.multinomial(q[i], 1, generator=generator)[0]
+    return seq[start:], q
 
 
 def _column(pos: int, layout: ImageLayout) -> int:

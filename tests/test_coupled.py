@@ -10,6 +10,7 @@ from scipy.stats import chisquare
 from sjd.audit import draw_samples
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.coupled import CoupledSJDDecoder, gumbel_drafts, maximal_coupling_drafts
+from sjd.drafts import distribution_drafts
 from sjd.models.micro import MicroAdapter
 from sjd.prompts import load_prompt_file
 from sjd.provenance import make_generators
@@ -25,7 +26,10 @@ COUPLED = [
     CoupledSJDDecoder(window=16, init="random", coupling="maximal"),
     CoupledSJDDecoder(window=7, init="vertical", coupling="maximal"),
     CoupledSJDDecoder(window=16, init="vertical", coupling="gumbel", forced_drafts=False),
+    CoupledSJDDecoder(window=16, init="vertical_dist", coupling="maximal"),
+    CoupledSJDDecoder(window=16, init="vertical_dist", coupling="gumbel"),
 ]
+COUPLED_IDS = ["gumbel", "maximal", "maximal-vertical-w7", "gumbel-unforced", "vertical-dist", "vertical-dist-gumbel"]
 
 
 def gens(prompts, seed=0):
@@ -70,7 +74,7 @@ def test_gumbel_drafts_sample_p_and_stay_put_when_p_barely_moves():
     assert (a == b).float().mean().item() > 0.9 > independent  # coupled, far above independent draws
 
 
-@pytest.mark.parametrize("decoder", COUPLED, ids=["gumbel", "maximal", "maximal-vertical-w7", "gumbel-unforced"])
+@pytest.mark.parametrize("decoder", COUPLED, ids=COUPLED_IDS)
 def test_greedy_coupled_decoders_equal_greedy_ar(toy, decoder):
     ar = ARDecoder().generate(toy, PROMPTS, GREEDY, gens(PROMPTS))
     out = decoder.generate(toy, PROMPTS, GREEDY, gens(PROMPTS, seed=5))
@@ -78,7 +82,7 @@ def test_greedy_coupled_decoders_equal_greedy_ar(toy, decoder):
     assert all(n < toy.layout.n_tokens for n in out.n_forward)
 
 
-@pytest.mark.parametrize("decoder", COUPLED[:3], ids=["gumbel", "maximal", "maximal-vertical-w7"])
+@pytest.mark.parametrize("decoder", COUPLED[:3] + COUPLED[4:], ids=COUPLED_IDS[:3] + COUPLED_IDS[4:])
 def test_sampled_coupled_decoders_keep_the_grammar(toy, decoder):
     res = decoder.generate(toy, PROMPTS, SAMPLED, gens(PROMPTS))
     forced = toy.layout.forced
@@ -87,12 +91,13 @@ def test_sampled_coupled_decoders_keep_the_grammar(toy, decoder):
     assert [sum(a) for a in res.accepted] == [toy.layout.n_tokens] * len(PROMPTS)
 
 
+@pytest.mark.parametrize("init", ["vertical", "vertical_dist"])
 @pytest.mark.parametrize("coupling", ["gumbel", "maximal"])
-def test_audit_samples_are_the_same_at_batch_1_and_batch_25(coupling):
+def test_audit_samples_are_the_same_at_batch_1_and_batch_25(coupling, init):
     """Each row follows its own trajectory from its own generator, so the batch > 1 audit below
     also audits batch 1 (running N = 20,000 one at a time would take half an hour)."""
     adapter, sampling = MicroAdapter(), SamplingConfig(cfg_scale=2.0)
-    decoder = CoupledSJDDecoder(window=4, init="vertical", coupling=coupling)
+    decoder = CoupledSJDDecoder(window=4, init=init, coupling=coupling)
     one = draw_samples(decoder, adapter, sampling, "a", 50, 1, 0, "d")
     many = draw_samples(decoder, adapter, sampling, "a", 50, 25, 0, "d")
     assert torch.equal(one, many)
@@ -105,8 +110,9 @@ def test_audit_samples_are_the_same_at_batch_1_and_batch_25(coupling):
         ["decoder=scd", "decoder.coupling=maximal"],
         ["decoder=csjd"],
         ["decoder=csjd", "decoder.coupling=gumbel"],
+        ["decoder=csjd", "decoder.init=vertical"],
     ],
-    ids=["scd-gumbel", "scd-maximal", "csjd", "csjd-gumbel"],
+    ids=["scd-gumbel", "scd-maximal", "csjd", "csjd-gumbel", "csjd-vertical-copy"],
 )
 def test_coupled_decoders_pass_the_exact_audit(run_audit, overrides):
     report = run_audit([*overrides, "n_samples=20000"])
@@ -128,5 +134,52 @@ def test_the_audit_catches_a_kept_draft_that_keeps_its_old_q(run_audit, monkeypa
         return samples, samples_q
 
     monkeypatch.setattr(CoupledSJDDecoder, "next_drafts", old_q_for_kept_drafts)
+    report = run_audit(["decoder=csjd", "n_samples=20000"])
+    assert report["p_value"] < 1e-6, report
+
+
+def test_vertical_dist_draws_from_the_committed_p_above_and_copies_the_token_above_elsewhere(toy):
+    layout, g = toy.layout, torch.Generator().manual_seed(0)
+    S, V, free = layout.row_stride, layout.vocab_size, layout.free_token_ids
+    start = layout.first_code + S + 2  # row 1, column 2: positions above up to row 1's start are committed
+    known = torch.where(
+        layout.forced[:start] >= 0, layout.forced[:start], free[torch.randint(len(free), (start,), generator=g)]
+    )
+    committed_p = torch.zeros(S, V)
+    committed_p[:, free] = torch.softmax(torch.randn(S, len(free), generator=g), -1)
+    noise = -torch.log(-torch.log(torch.rand(layout.n_tokens + 1, V, generator=g)))
+    ids, q = distribution_drafts(known, start, 2 * S, layout, g, start, committed_p, noise)
+    seq = torch.cat([known, ids])
+    drawn = copied = 0
+    for i, pos in enumerate(range(start, start + 2 * S)):
+        above = pos - S
+        if layout.forced[pos] >= 0:
+            assert ids[i] == layout.forced[pos] and q[i, ids[i]] == 1.0
+        elif above < start:  # committed above: a draw from its p with this position's Gumbel vector
+            assert torch.equal(q[i], committed_p[above % S])
+            assert ids[i] == (q[i].log() + noise[pos]).argmax()
+            drawn += 1
+        else:  # the token above is itself a draft: copied, one-hot q
+            assert ids[i] == seq[above] and q[i, ids[i]] == 1.0
+            copied += 1
+    assert drawn == S - 1 and copied > 0  # the next row_stride positions but the end-of-line; then copies
+
+
+def test_the_audit_catches_vertical_dist_drafts_whose_q_is_not_what_drew_them(run_audit, monkeypatch):
+    """A draft drawn uniformly but verified as if drawn from the p above is biased; the audit on the
+    micro model sees it, so the exactness audit above does exercise the distribution drafts."""
+    import sjd.decoders.sjd as sjd_module
+
+    original = sjd_module.distribution_drafts
+
+    def uniform_ids_claimed_from_q(*args, **kwargs):
+        ids, q = original(*args, **kwargs)
+        layout, generator = args[3], args[4]
+        spread = q.max(-1).values < 1.0
+        free = layout.free_token_ids
+        uniform = free[torch.randint(len(free), (len(ids),), generator=generator)]
+        return torch.where(spread, uniform, ids), q
+
+    monkeypatch.setattr(sjd_module, "distribution_drafts", uniform_ids_claimed_from_q)
     report = run_audit(["decoder=csjd", "n_samples=20000"])
     assert report["p_value"] < 1e-6, report

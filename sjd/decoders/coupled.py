@@ -25,7 +25,8 @@ with; so when position j+1 is first tested for commitment, the standard speculat
 argument applies. The exactness audit (scripts/audit.py) checks this at N >= 20,000.
 
 The decoder is SJD's loop (sjd.decoders.sjd) with only `next_drafts` replaced; the other parts
-of our combination are SJD's: `init` (vertical drafts from the row above) and `forced_drafts`.
+of our combination are SJD's: `init` (drafts from the row above: by default `vertical_dist`, a draw
+from the distribution the committed code above came from, sjd.drafts) and `forced_drafts`.
 Gumbel and maximal coupling do not compose: a residual drawn with the Gumbel vector that drew
 the rejected draft is biased by the rejection, so `coupling` is one choice.
 """
@@ -49,7 +50,7 @@ class CoupledSJDDecoder(SJDDecoder):
         self,
         name: str = "csjd",
         window: int = 16,
-        init: str = "vertical",
+        init: str = "vertical_dist",
         coupling: str = "maximal",
         ar_prefix: int = 1,
         ar_suffix: int = 0,

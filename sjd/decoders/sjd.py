@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from sjd.decoders.base import WINDOW_CAPABILITY, Decoder, DecodeResult, ForwardClock
-from sjd.drafts import SCHEMES, fresh_drafts, one_hot
+from sjd.drafts import DISTRIBUTION_SCHEMES, SCHEMES, distribution_drafts, fresh_drafts, one_hot
 from sjd.models.base import ImageLayout, ModelAdapter, Prompt
 from sjd.sampling import SamplingConfig, logits_to_probs, sample_from
 from sjd.verify import VerifyResult
@@ -47,8 +47,8 @@ class SJDDecoder(Decoder):
     ) -> None:
         if window < 1:
             raise ValueError(f"decoder.window must be >= 1, got {window}")
-        if init not in SCHEMES:
-            raise ValueError(f"decoder.init must be one of {SCHEMES}, got {init!r}")
+        if init not in SCHEMES + DISTRIBUTION_SCHEMES:
+            raise ValueError(f"decoder.init must be one of {SCHEMES + DISTRIBUTION_SCHEMES}, got {init!r}")
         if ar_prefix < 1 or ar_suffix < 0:
             raise ValueError(f"decoder.ar_prefix must be >= 1 and decoder.ar_suffix >= 0, got {ar_prefix}, {ar_suffix}")
         self.name, self.window, self.init = name, window, init
@@ -81,7 +81,7 @@ class SJDDecoder(Decoder):
     ) -> DecodeResult:
         layout, device, B = adapter.layout, adapter.device, len(prompts)
         clock = ForwardClock(adapter)
-        state = WindowState.empty(B, layout.n_tokens, layout.vocab_size, device)
+        state = self.new_state(B, layout, device)
 
         state.tokens[:, 0] = clock.start(prompts, sampling, generators)  # prefill: the first token as in AR
         self.begin(state, layout, generators)
@@ -103,6 +103,11 @@ class SJDDecoder(Decoder):
         return clock.finish(state.tokens, state.n_forward, state.accepted)
 
     # -- phases --------------------------------------------------------------------------------------
+    def new_state(self, B: int, layout: ImageLayout, device: torch.device) -> WindowState:
+        """Empty per-row state; vertical_dist drafts also need the last row_stride committed p."""
+        keep_p = layout.row_stride if self.init in DISTRIBUTION_SCHEMES else 0
+        return WindowState.empty(B, layout.n_tokens, layout.vocab_size, device, keep_p)
+
     def begin(self, state: WindowState, layout: ImageLayout, generators: Sequence[torch.Generator]) -> None:
         """Per-call set-up after the first token (coupled decoders draw their noise tables here)."""
 
@@ -116,19 +121,33 @@ class SJDDecoder(Decoder):
         inputs = torch.zeros(B, W, dtype=torch.long, device=device)
         for b in range(B):
             n, need = state.committed[b], max(widths[b] - 1, 0)
-            d, dq = state.carried[b][:need], state.carried_q[b][:need]
-            if len(d) < need:  # top up the carried drafts with fresh ones
-                # Spatial schemes read the row's current tokens; random needs none (keep the hot path light).
-                known = d if self.init == "random" else torch.cat([state.tokens[b, :n], d])
-                left = dq[-1] if len(d) else state.last_p[b]  # what position n + len(d) - 1 was drawn from
-                new = fresh_drafts(
-                    self.init, known, n + len(d), need - len(d), layout, generators[b], left, self.forced_drafts
-                )
-                d, dq = torch.cat([d, new]), torch.cat([dq, one_hot(new, V)])
+            d, dq = self.top_up(state, b, need, layout, generators[b])
             drafts[b, :need], q[b, :need] = d, dq
             inputs[b, 0] = state.tokens[b, min(n, layout.n_tokens) - 1]
             inputs[b, 1 : 1 + need] = d
         return inputs, drafts, q
+
+    def top_up(
+        self, state: WindowState, b: int, need: int, layout: ImageLayout, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row b's carried drafts for its next `need` positions, topped up with fresh ones, and their q."""
+        n = state.committed[b]
+        d, dq = state.carried[b][:need], state.carried_q[b][:need]
+        if len(d) == need:
+            return d, dq
+        # Spatial schemes read the row's current tokens; random needs none (keep the hot path light).
+        known = d if self.init == "random" else torch.cat([state.tokens[b, :n], d])
+        start, count = n + len(d), need - len(d)
+        if self.init in DISTRIBUTION_SCHEMES:
+            noise = state.noise[b] if state.noise is not None else None  # Gumbel coupling's vectors
+            new, new_q = distribution_drafts(
+                known, start, count, layout, generator, n, state.committed_p[b], noise, self.forced_drafts
+            )
+        else:
+            left = dq[-1] if len(d) else state.last_p[b]  # what position start - 1 was drawn from
+            new = fresh_drafts(self.init, known, start, count, layout, generator, left, self.forced_drafts)
+            new_q = one_hot(new, layout.vocab_size)
+        return torch.cat([d, new]), torch.cat([dq, new_q])
 
     def verify(
         self,
@@ -190,9 +209,10 @@ class WindowState:
     n_forward: list[int]
     last_p: list[torch.Tensor | None]  # the distribution the last committed token was drawn from
     noise: torch.Tensor | None = None  # per-position coupling noise of coupled decoders [B, N, V]
+    committed_p: torch.Tensor | None = None  # [B, K, V]: p of the last K committed positions, at pos % K
 
     @classmethod
-    def empty(cls, B: int, N: int, V: int, device: torch.device) -> WindowState:
+    def empty(cls, B: int, N: int, V: int, device: torch.device, keep_p: int = 0) -> WindowState:
         return cls(
             tokens=torch.empty(B, N, dtype=torch.long, device=device),
             committed=[1] * B,
@@ -201,7 +221,16 @@ class WindowState:
             accepted=[[1] for _ in range(B)],
             n_forward=[1] * B,
             last_p=[None] * B,
+            committed_p=torch.zeros(B, keep_p, V, device=device) if keep_p else None,
         )
+
+    def remember_p(self, b: int, start: int, p: torch.Tensor) -> None:
+        """Keep p [k, V] of row b's positions start .. start+k-1 (when the decoder asked for them)."""
+        if self.committed_p is None:
+            return
+        K = self.committed_p.shape[1]
+        first = max(start, start + len(p) - K)  # only the last K can still be needed
+        self.committed_p[b, torch.arange(first, start + len(p)) % K] = p[first - start :]
 
     def commit(
         self,
@@ -222,6 +251,7 @@ class WindowState:
             self.tokens[b, n : n + n_acc] = drafts[b, :n_acc]
             self.tokens[b, n + n_acc] = result.next_token[b]
             take = n_acc + 1
+            self.remember_p(b, n, p[b, :take])
             self.committed[b] = n + take
             self.carried[b], self.carried_q[b] = samples[b, take : widths[b]], samples_q[b, take : widths[b]]
             self.last_p[b] = p[b, n_acc]  # the residual's source; its arg-max is what sample_horizon wants

@@ -38,7 +38,6 @@ import torch
 from sjd.decoders.base import DecodeResult, ForwardClock
 from sjd.decoders.coupled import CoupledSJDDecoder
 from sjd.decoders.sjd import WindowState
-from sjd.drafts import fresh_drafts, one_hot
 from sjd.models.base import CUSTOM_MASK, WINDOW, ImageLayout, ModelAdapter, Prompt
 from sjd.sampling import SamplingConfig, logits_to_probs, sample_from
 from sjd.verify import VerifyResult, accept_tests, residual
@@ -70,7 +69,7 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
         self,
         name: str = "csjd_tree",
         window: int = 16,
-        init: str = "vertical",
+        init: str = "vertical_dist",
         coupling: str = "maximal",
         branches: int = 4,
         branch_depth: int = 3,
@@ -94,7 +93,7 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
     ) -> DecodeResult:
         layout, device, B = adapter.layout, adapter.device, len(prompts)
         clock = ForwardClock(adapter)
-        state = WindowState.empty(B, layout.n_tokens, layout.vocab_size, device)
+        state = self.new_state(B, layout, device)
         state.tokens[:, 0] = clock.start(prompts, sampling, generators)
         self.begin(state, layout, generators)
         cached = [0] * B  # generated positions below cached[b] hold their committed token's K/V
@@ -118,7 +117,7 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
     # -- phases --------------------------------------------------------------------------------------
     def plan_row(self, state: WindowState, b: int, lead: int, width: int, layout: ImageLayout, generator):
         """Chain drafts (carried, topped up with fresh ones), their q, and how many branch."""
-        n, N, V, K = state.committed[b], layout.n_tokens, layout.vocab_size, self.branches
+        n, N, K = state.committed[b], layout.n_tokens, self.branches
         budget = max(width - lead, 0) if width else 0  # inputs left after the lead-in
         carried_q = state.carried_q[b]
         depth = 0
@@ -130,14 +129,7 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
             ):
                 depth += 1
         n_chain = min(budget - depth * (K - 1), N - n)
-        d, dq = state.carried[b][:n_chain], carried_q[:n_chain]
-        if len(d) < n_chain:
-            known = d if self.init == "random" else torch.cat([state.tokens[b, :n], d])
-            left = dq[-1] if len(d) else state.last_p[b]
-            new = fresh_drafts(
-                self.init, known, n + len(d), n_chain - len(d), layout, generator, left, self.forced_drafts
-            )
-            d, dq = torch.cat([d, new]), torch.cat([dq, one_hot(new, V)])
+        d, dq = self.top_up(state, b, n_chain, layout, generator)
         return d, dq, depth
 
     def build_window(
@@ -245,6 +237,7 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
                 continue
             n = state.committed[b]
             state.tokens[b, n : n + j] = win.drafts[b, :j]
+            state.remember_p(b, n, p_chain[b, : j + 1])  # a sibling at n + j was drawn from p there too
             if pick >= 0:
                 state.tokens[b, n + j] = win.siblings[b, j, pick]
                 take = j + 1
@@ -252,6 +245,7 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
                     state.tokens[b, n + take] = bonus[b]
                     take += 1
                 state.last_p[b] = sib_p[b]
+                state.remember_p(b, n + j + 1, sib_p[b : b + 1][: take - j - 1])
                 branch_commits[b] += 1
             else:
                 state.tokens[b, n + j] = next_token[b]
