@@ -26,10 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import sjd.decoders.tree as tree  # noqa: E402
 from sjd.decoders.coupled import CoupledSJDDecoder  # noqa: E402
-from sjd.models.toy import ToyAdapter  # noqa: E402
-from sjd.prompts import load_prompt_file  # noqa: E402
-from sjd.provenance import make_generators  # noqa: E402
-from sjd.sampling import SamplingConfig  # noqa: E402
+from sjd.toy.study import ToyStudy  # noqa: E402
 
 
 class SiblingsNeverAccepted(tree.BranchingSJDDecoder):
@@ -46,11 +43,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--window", type=int, default=64)
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    adapter = ToyAdapter()
-    prompts = load_prompt_file(ROOT / "sjd/assets/prompts/toy.tsv")[: args.prompts]
-    sampling = SamplingConfig(cfg_scale=3.0)
-    n_tokens = adapter.layout.n_tokens
+    study = ToyStudy.load(args.prompts)
     W = args.window
     decoders = [
         ("csjd", CoupledSJDDecoder(window=W)),
@@ -59,13 +52,11 @@ def main() -> None:
         ("csjd_tree depth 3, siblings never accepted", SiblingsNeverAccepted(window=W, branches=4, branch_depth=3)),
         ("csjd_tree, no branching (branches=1)", tree.BranchingSJDDecoder(window=W, branches=1, branch_depth=0)),
     ]
-    print(f"toy model, {len(prompts)} prompts x {args.seeds} seeds, window {W}: step compression per seed, mean")
+    print(f"toy model, {len(study.prompts)} prompts x {args.seeds} seeds, window {W}: step compression per seed, mean")
     for label, decoder in decoders:
         per_seed, takes, siblings = [], [], 0
-        for seed in range(args.seeds):
-            gens = make_generators(seed, [p.prompt_id for p in prompts], adapter.device)
-            result = decoder.generate(adapter, prompts, sampling, gens)
-            per_seed.append(n_tokens * len(prompts) / sum(result.n_forward))
+        for result in study.runs(decoder, args.seeds):
+            per_seed.append(study.step_compression(result))
             takes += [t for accepted in result.accepted for t in accepted[1:]]
             siblings += sum(result.extras.get("branch_commits", [0]))
         one = sum(t == 1 for t in takes) / len(takes)
@@ -75,20 +66,19 @@ def main() -> None:
             f"forwards committing 1 token {one:.0%}, tokens from forwards committing > 40: {long_share:.0%}; "
             f"sibling commits {siblings}"
         )
-    layout = adapter.layout
+    layout = study.adapter.layout
     for label, decoder in (
         ("csjd", CoupledSJDDecoder(window=W)),
         ("csjd, one AR token first, horizontal drafts", CoupledSJDDecoder(window=W, init="horizontal", ar_prefix=2)),
     ):
         per_row = [0] * layout.height
-        for seed in range(args.seeds):
-            gens = make_generators(seed, [p.prompt_id for p in prompts], adapter.device)
-            for accepted in decoder.generate(adapter, prompts, sampling, gens).accepted:
+        for result in study.runs(decoder, args.seeds):
+            for accepted in result.accepted:
                 position = 0
                 for take in accepted:  # a forward counts for the image row its first new token falls in
                     per_row[min(max(position - layout.first_code, 0) // layout.row_stride, layout.height - 1)] += 1
                     position += take
-        runs = args.seeds * len(prompts)
+        runs = args.seeds * len(study.prompts)
         print(f"{label}: forwards per image row (top first): {', '.join(f'{n / runs:.1f}' for n in per_row)}")
 
 

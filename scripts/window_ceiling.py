@@ -17,16 +17,11 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from sjd.decoders.coupled import CoupledSJDDecoder  # noqa: E402
 from sjd.decoders.sjd import SJDDecoder  # noqa: E402
-from sjd.models.toy import ToyAdapter  # noqa: E402
-from sjd.prompts import load_prompt_file  # noqa: E402
-from sjd.provenance import make_generators  # noqa: E402
-from sjd.sampling import SamplingConfig  # noqa: E402
+from sjd.toy.study import ToyStudy  # noqa: E402
 
 
 def main() -> None:
@@ -35,12 +30,11 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--windows", type=int, nargs="+", default=[16, 64, 158])
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    adapter = ToyAdapter()
-    prompts = load_prompt_file(ROOT / "sjd/assets/prompts/toy.tsv")[: args.prompts]
-    sampling = SamplingConfig(cfg_scale=3.0)
-    n_tokens = adapter.layout.n_tokens
-    print(f"toy model ({n_tokens} tokens an image), {len(prompts)} prompts x {args.seeds} seeds: step compression")
+    study = ToyStudy.load(args.prompts)
+    print(
+        f"toy model ({study.n_tokens} tokens an image), {len(study.prompts)} prompts x {args.seeds} seeds: "
+        "step compression"
+    )
     means: dict[tuple[int, str], float] = {}
     for window in args.windows:
         for label, decoder in (
@@ -48,11 +42,7 @@ def main() -> None:
             ("csjd", CoupledSJDDecoder(window=window)),
             ("csjd_gumbel", CoupledSJDDecoder(window=window, coupling="gumbel")),
         ):
-            per_seed = []
-            for seed in range(args.seeds):
-                gens = make_generators(seed, [p.prompt_id for p in prompts], adapter.device)
-                result = decoder.generate(adapter, prompts, sampling, gens)
-                per_seed.append(n_tokens * len(prompts) / sum(result.n_forward))
+            per_seed = [study.step_compression(result) for result in study.runs(decoder, args.seeds)]
             means[window, label] = statistics.mean(per_seed)
             print(
                 f"window {window:>3} {label:<12} {', '.join(f'{x:.2f}' for x in per_seed)}; "
