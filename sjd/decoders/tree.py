@@ -243,9 +243,9 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
                 take = j + 1
                 if n + take < N:
                     state.tokens[b, n + take] = bonus[b]
+                    state.remember_p(b, n + take, sib_p[b : b + 1])  # the bonus was drawn from the sibling's p
                     take += 1
                 state.last_p[b] = sib_p[b]
-                state.remember_p(b, n + j + 1, sib_p[b : b + 1][: take - j - 1])
                 branch_commits[b] += 1
             else:
                 state.tokens[b, n + j] = next_token[b]
