@@ -11,6 +11,7 @@ from sjd.audit import draw_samples
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.coupled import CoupledSJDDecoder, gumbel_drafts, maximal_coupling_drafts
 from sjd.drafts import distribution_drafts
+from sjd.models.base import Prompt
 from sjd.models.micro import MicroAdapter
 from sjd.prompts import load_prompt_file
 from sjd.provenance import make_generators
@@ -183,3 +184,24 @@ def test_the_audit_catches_vertical_dist_drafts_whose_q_is_not_what_drew_them(ru
     monkeypatch.setattr(sjd_module, "distribution_drafts", uniform_ids_claimed_from_q)
     report = run_audit(["decoder=csjd", "n_samples=20000"])
     assert report["p_value"] < 1e-6, report
+
+
+@pytest.mark.parametrize("coupling", ["maximal", "gumbel"])
+def test_the_window_4_audit_reaches_vertical_dist_draws(monkeypatch, coupling):
+    """The csjd audits run at the micro model's window 4, where about one fresh draft in ten is a
+    distribution draw (the rest have no committed code above them yet)."""
+    import sjd.decoders.sjd as sjd_module
+
+    original, drawn, fresh = sjd_module.distribution_drafts, [], []
+
+    def counting(*args, **kwargs):
+        ids, q = original(*args, **kwargs)
+        drawn.append(int((q.max(-1).values < 1.0).sum()))
+        fresh.append(len(ids))
+        return ids, q
+
+    monkeypatch.setattr(sjd_module, "distribution_drafts", counting)
+    prompts = [Prompt(str(i), "a") for i in range(300)]
+    decoder = CoupledSJDDecoder(window=4, init="vertical_dist", coupling=coupling)
+    decoder.generate(MicroAdapter(), prompts, SamplingConfig(cfg_scale=2.0), gens(prompts))
+    assert 0.05 < sum(drawn) / sum(fresh) < 0.2

@@ -10,6 +10,7 @@ from scipy.stats import chisquare
 from sjd.audit import draw_samples
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.tree import BranchingSJDDecoder, draw_siblings, verify_siblings
+from sjd.models.base import Prompt
 from sjd.models.micro import MicroAdapter
 from sjd.prompts import load_prompt_file
 from sjd.provenance import make_generators
@@ -138,3 +139,24 @@ def test_batch_one_and_batch_many_draw_the_same_audit_samples(one_thread):
 def test_bad_branch_settings_name_the_key():
     with pytest.raises(ValueError, match="decoder.branches"):
         BranchingSJDDecoder(branches=0)
+
+
+def test_the_window_4_audit_reaches_vertical_dist_draws_and_committed_siblings(monkeypatch, one_thread):
+    """What the csjd-tree-w4-vertical-dist audit is there for: on the micro model at window 4 it
+    makes about one distribution draft an image and commits a sibling in a few images in a hundred."""
+    import sjd.decoders.sjd as sjd_module
+
+    original, draws = sjd_module.distribution_drafts, []
+
+    def counting(*args, **kwargs):
+        ids, q = original(*args, **kwargs)
+        draws.append(int((q.max(-1).values < 1.0).sum()))
+        return ids, q
+
+    monkeypatch.setattr(sjd_module, "distribution_drafts", counting)
+    n = 300
+    prompts = [Prompt(str(i), "a") for i in range(n)]
+    decoder = BranchingSJDDecoder(window=4, branches=2, branch_depth=1)
+    result = decoder.generate(MicroAdapter(), prompts, SamplingConfig(cfg_scale=2.0), gens(prompts))
+    assert 0.5 < sum(draws) / n < 2
+    assert 0.02 < sum(c > 0 for c in result.extras["branch_commits"]) / n < 0.2
