@@ -26,6 +26,7 @@ SETTINGS = (
     "denoise_steps",
     "coupling",
     "forced_drafts",
+    "verification",
     "neighbours",
     "delta",
     "branches",

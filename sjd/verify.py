@@ -41,11 +41,11 @@ def accept_tests(p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor, uniform
     return uniforms * q_d < p_d
 
 
-def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """norm(max(0, p - q)) along the last axis; p where the residual has no mass."""
+def residual(p: torch.Tensor, q: torch.Tensor, fallback: torch.Tensor | None = None) -> torch.Tensor:
+    """norm(max(0, p - q)) along the last axis; `fallback` (default p) where it has no mass."""
     r = (p - q).clamp_min(0)
     mass = r.sum(-1, keepdim=True)
-    return torch.where(mass > RESIDUAL_EPS, r / mass.clamp_min(RESIDUAL_EPS), p)
+    return torch.where(mass > RESIDUAL_EPS, r / mass.clamp_min(RESIDUAL_EPS), p if fallback is None else fallback)
 
 
 def verify(
@@ -90,3 +90,60 @@ def exact_match_verify(samples: torch.Tensor, drafts: torch.Tensor, n_drafts: to
     n_accepted = accepted.long().cumprod(1).sum(1)
     next_token = samples.gather(1, n_accepted[:, None]).squeeze(1)
     return VerifyResult(n_accepted, next_token, accepted)
+
+
+def block_verify(
+    p: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor,
+    n_drafts: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+) -> VerifyResult:
+    """Block verification (Sun et al., ICLR 2025): the same inputs and outputs as `verify`, but
+    the accepted length is decided for the block jointly, which accepts at least as many drafts in
+    expectation (it is optimal for a single draft chain) and is exact whatever q[b, j] is, as long
+    as draft j was drawn from q[b, j] given the drafts before it.
+
+    The weight w_i = min(1, w_{i-1} p(d_i) / q(d_i)) (w_0 = 1) carries the target's spare mass
+    along the block instead of spending it test by test; then
+        h_i = S_i / (S_i + 1 - w_i),  S_i = sum_x max(0, w_i p_{i+1}(x) - q_{i+1}(x))   (i < n)
+        h_n = w_n
+    and the accepted length is the largest i with u_i < h_i (0 if none). The next token is drawn
+    from norm(max(0, w_i p_{i+1} - q_{i+1})) after i < n accepted drafts, or from the bonus p.
+
+    Unlike token verification, the accepted length depends on every draft of the block, so the
+    drafts after it carry what verification saw: the next drafts must be drawn afresh (SJD's
+    Jacobi update), never coupled to the old ones. `accepted` is the committed prefix.
+    """
+    B, D = drafts.shape
+    device = p.device
+    slot = torch.arange(D, device=device)[None, :]
+    valid = slot < n_drafts[:, None]
+    d = drafts.unsqueeze(-1)
+    p_d = p[:, :D].gather(-1, d).squeeze(-1)
+    q_d = q.gather(-1, d).squeeze(-1)
+    log_ratio = torch.where(valid, p_d.clamp_min(1e-30).log() - q_d.clamp_min(1e-30).log(), 0.0)
+    # log w_i = min(0, log w_{i-1} + log ratio_i) = c_i - max_{k <= i} c_k with c the cumulative sum.
+    c = torch.cat([torch.zeros(B, 1, device=device), log_ratio.cumsum(1)], 1)
+    w = (c - c.cummax(1).values).exp()  # [B, D+1]: w_0 .. w_D
+    spare = (w[:, :D, None] * p[:, :D] - q).clamp_min(0).sum(-1)  # S_0 .. S_{D-1}
+    denom = spare + 1 - w[:, :D]
+    h = torch.where(denom > RESIDUAL_EPS, spare / denom.clamp_min(RESIDUAL_EPS), 1.0)  # h_0 .. h_{D-1}
+    # h_i for i = 1 .. D: S-based before the row's last draft, w at it, 0 past it (never accepted).
+    length = slot + 1
+    h_later = torch.cat([h[:, 1:], torch.zeros(B, 1, device=device)], 1)
+    h_at = torch.where(length < n_drafts[:, None], h_later, torch.where(length == n_drafts[:, None], w[:, 1:], 0.0))
+    passes = accept_uniforms < h_at
+    last_pass = D - passes.flip(1).long().argmax(1) if D else torch.zeros(B, dtype=torch.long, device=device)
+    n_accepted = torch.where(passes.any(1), last_pass, 0)
+    rows = torch.arange(B, device=device)
+    p_at = p[rows, n_accepted]
+    if D:
+        has_draft = (n_accepted < n_drafts).unsqueeze(1)
+        q_at = q[rows, n_accepted.clamp(max=D - 1)] * has_draft
+        weighted = torch.where(has_draft, w[rows, n_accepted].unsqueeze(1) * p_at, p_at)
+    else:
+        q_at, weighted = torch.zeros_like(p_at), p_at
+    next_token = sample_from(residual(weighted, q_at, fallback=p_at), sample_uniforms)
+    return VerifyResult(n_accepted, next_token, slot < n_accepted[:, None])

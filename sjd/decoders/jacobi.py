@@ -24,6 +24,7 @@ class JacobiDecoder(SJDDecoder):
         self, name: str = "jacobi", window: int = 16, init: str = "random", ar_prefix: int = 1, ar_suffix: int = 0
     ) -> None:
         super().__init__(name=name, window=window, init=init, ar_prefix=ar_prefix, ar_suffix=ar_suffix)
+        self.verification = "exact_match"  # recorded with the results: Jacobi's rule, not SJD's
 
     def verify(
         self,

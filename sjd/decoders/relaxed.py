@@ -58,6 +58,7 @@ class RelaxedSJDDecoder(SJDDecoder):
                 f"got {neighbours}, {rank_radius}, {p_tol}, {delta}"
             )
         super().__init__(name, window, init, ar_prefix, ar_suffix)
+        self.verification = "relaxed"  # recorded with the results: `acceptance` replaces SJD's rule
         self.acceptance, self.neighbours = acceptance, neighbours
         self.p_tol, self.rank_radius, self.delta = p_tol, rank_radius, delta
 

@@ -13,6 +13,10 @@ Choices where the paper leaves room (all config, see conf/decoder/sjd.yaml):
   `ar_suffix`, are decoded one token per forward, as the official code's jacobi_loop_interval.
 - Drafts at grammar-forced positions are the forced token (one-hot q): lossless, and it avoids
   the certain rejection a random draft meets there (`forced_drafts=false` turns it off, for ablations).
+- `verification: block` decides the accepted length for the window jointly (sjd.verify.block_verify,
+  Sun et al. 2025): exact, and never fewer accepted drafts in expectation than `token`, the paper's
+  left-to-right rule. It needs fresh next drafts, which SJD's Jacobi update draws; coupled decoders
+  keep `token` (sjd.decoders.coupled says why).
 - Batch > 1: every row commits its own accepted count and keeps its own cache length (the
   adapter's ragged cache), so each sample follows exactly the trajectory it would follow
   alone. There is no `min over the batch` commit, hence no bias (algorithms.md §10.5).
@@ -29,8 +33,10 @@ from sjd.decoders.base import WINDOW_CAPABILITY, Decoder, DecodeResult, ForwardC
 from sjd.drafts import DISTRIBUTION_SCHEMES, SCHEMES, distribution_drafts, fresh_drafts, one_hot
 from sjd.models.base import ImageLayout, ModelAdapter, Prompt
 from sjd.sampling import SamplingConfig, logits_to_probs, sample_from
-from sjd.verify import VerifyResult
+from sjd.verify import VerifyResult, block_verify
 from sjd.verify import verify as speculative_verify
+
+VERIFICATIONS = ("token", "block")
 
 
 class SJDDecoder(Decoder):
@@ -44,6 +50,7 @@ class SJDDecoder(Decoder):
         ar_prefix: int = 1,
         ar_suffix: int = 0,
         forced_drafts: bool = True,
+        verification: str = "token",
     ) -> None:
         if window < 1:
             raise ValueError(f"decoder.window must be >= 1, got {window}")
@@ -51,9 +58,12 @@ class SJDDecoder(Decoder):
             raise ValueError(f"decoder.init must be one of {SCHEMES + DISTRIBUTION_SCHEMES}, got {init!r}")
         if ar_prefix < 1 or ar_suffix < 0:
             raise ValueError(f"decoder.ar_prefix must be >= 1 and decoder.ar_suffix >= 0, got {ar_prefix}, {ar_suffix}")
+        if verification not in VERIFICATIONS:
+            raise ValueError(f"decoder.verification must be one of {VERIFICATIONS}, got {verification!r}")
         self.name, self.window, self.init = name, window, init
         self.ar_prefix, self.ar_suffix = ar_prefix, ar_suffix
         self.forced_drafts = forced_drafts
+        self.verification = verification
 
     def window_for(self, committed: int, n_tokens: int) -> int:
         """Forward inputs for a row with `committed` tokens (0 when it is complete)."""
@@ -176,8 +186,10 @@ class SJDDecoder(Decoder):
         accept_uniforms: torch.Tensor,
         sample_uniforms: torch.Tensor,
     ) -> VerifyResult:
-        """The acceptance rule: exact speculative sampling (relaxed decoders replace it)."""
-        return speculative_verify(p, drafts, q, n_drafts, accept_uniforms, sample_uniforms)
+        """The acceptance rule: exact speculative sampling, token by token or for the block as a
+        whole (relaxed decoders replace it)."""
+        rule = block_verify if self.verification == "block" else speculative_verify
+        return rule(p, drafts, q, n_drafts, accept_uniforms, sample_uniforms)
 
     def next_drafts(
         self,
