@@ -74,6 +74,9 @@ def _joint(P: list[torch.Tensor]) -> torch.Tensor:
 def _chi2_p_value(codes: torch.Tensor, joint: torch.Tensor) -> float:
     counts = torch.bincount(codes, minlength=V ** (D + 1)).double()
     expected = joint.double() / joint.double().sum() * N  # float32 tables sum to 1 only to ~1e-7
+    rare = expected < 5  # pooled into one bin, as the audit does, so the chi-square approximation holds
+    counts = torch.cat([counts[~rare], counts[rare].sum(0, keepdim=True)])
+    expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
     return float(chisquare(counts.numpy(), expected.numpy()).pvalue)
 
 
