@@ -53,11 +53,9 @@ def _blocks(P: list[torch.Tensor], Q: list[torch.Tensor], g: torch.Generator):
 def _completed(P: list[torch.Tensor], drafts, result, g: torch.Generator) -> torch.Tensor:
     """The committed prefix plus the next token, continued by AR sampling of P to D+1 tokens: [N]
     sequence codes. Exactness means these are distributed as P's own joint."""
-    seq = drafts.clone()
-    rows = torch.arange(N)
     n = result.n_accepted
-    seq = torch.cat([seq, torch.zeros(N, 1, dtype=torch.long)], 1)
-    seq[rows, n] = result.next_token
+    seq = torch.cat([drafts, torch.zeros(N, 1, dtype=torch.long)], 1)
+    seq[torch.arange(N), n] = result.next_token
     for k in range(1, D + 1):
         draw = sample_from(_at(P[k], seq[:, :k]), torch.rand(N, generator=g))
         seq[:, k] = torch.where(n < k, draw, seq[:, k])
@@ -107,7 +105,7 @@ def test_block_verification_accepts_more_drafts_than_the_token_rule_on_the_same_
     _, _, block, _ = _verify_blocks(block_verify, 0)
     _, _, token, _ = _verify_blocks(verify, 0)  # same seed: the same blocks and uniforms
     gain = block.n_accepted.float().mean() - token.n_accepted.float().mean()
-    assert gain > 0.02, gain  # the exact expected gain for these tables is several standard errors above
+    assert gain > 0.02, gain  # 0.14 on these blocks; the token rule accepts 0.26 a block here
 
 
 def test_block_verification_accepts_every_draft_when_q_is_p_and_stops_at_each_rows_own_drafts():
