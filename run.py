@@ -16,9 +16,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from sjd.config import register_resolvers
-from sjd.distributed import rank_info
-from sjd.runner import run
+from sjd.harness.config import register_resolvers
+from sjd.harness.distributed import rank_info
+from sjd.harness.runner import run
 
 register_resolvers()
 
@@ -32,7 +32,7 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     if rank_info().rank > 0:
-        # Every rank works in rank 0's run directory (sjd.runner.run); Hydra's own folder for this
+        # Every rank works in rank 0's run directory (sjd.harness.runner.run); Hydra's own folder for this
         # rank stays empty (no .hydra/ copy, log to stdout) and is removed.
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
     main()

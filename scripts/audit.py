@@ -8,17 +8,14 @@ show a p-value that is not small and a TV distance at AR's noise level.
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import hydra
 import numpy as np
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sjd.audit import (  # noqa: E402
+from sjd.audit.stats import (
     draw_samples,
     enumerate_images,
     exact_test,
@@ -26,10 +23,10 @@ from sjd.audit import (  # noqa: E402
     outcome_index,
     sequence_probabilities,
 )
-from sjd.config import register_resolvers  # noqa: E402
-from sjd.decoders.ar import ARDecoder  # noqa: E402
-from sjd.models.base import Prompt  # noqa: E402
-from sjd.sampling import SamplingConfig  # noqa: E402
+from sjd.core.sampling import SamplingConfig
+from sjd.decoders.ar import ARDecoder
+from sjd.harness.config import register_resolvers
+from sjd.types import Prompt
 
 register_resolvers()
 

@@ -14,25 +14,24 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import sjd  # noqa: E402, F401  (first: it mends torchvision's import on the CPU torch, which transformers triggers)
+import sjd  # noqa: F401  (first: it mends torchvision's import on the CPU torch, which transformers triggers)
 
 # isort: split
-from transformers import LogitsProcessor, LogitsProcessorList  # noqa: E402
+from transformers import LogitsProcessor, LogitsProcessorList
 
-from sjd.decoders.ar import ARDecoder  # noqa: E402
-from sjd.models.base import Logits  # noqa: E402
-from sjd.models.toy import ToyAdapter  # noqa: E402
-from sjd.prompts import load_prompt_file  # noqa: E402
-from sjd.provenance import make_generators  # noqa: E402
-from sjd.sampling import SamplingConfig, cfg_mix, grammar_mask  # noqa: E402
+from sjd.core.sampling import SamplingConfig, cfg_mix, grammar_mask
+from sjd.decoders.ar import ARDecoder
+from sjd.harness.prompts import load_prompt_file
+from sjd.harness.provenance import make_generators
+from sjd.models.toy import ToyAdapter
+from sjd.types import Logits
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class BatchedCFG(LogitsProcessor):

@@ -11,21 +11,20 @@ its slowest row is done.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 
+from sjd.core.sampling import SamplingConfig
+from sjd.decoders.ar import ARDecoder
+from sjd.decoders.sjd import SJDDecoder
+from sjd.harness.prompts import load_prompt_file
+from sjd.harness.provenance import make_generators
+from sjd.harness.results import markdown_table
+from sjd.models.toy import ToyAdapter
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from sjd.decoders.ar import ARDecoder  # noqa: E402
-from sjd.decoders.sjd import SJDDecoder  # noqa: E402
-from sjd.models.toy import ToyAdapter  # noqa: E402
-from sjd.prompts import load_prompt_file  # noqa: E402
-from sjd.provenance import make_generators  # noqa: E402
-from sjd.results import markdown_table  # noqa: E402
-from sjd.sampling import SamplingConfig  # noqa: E402
 
 
 def main() -> None:

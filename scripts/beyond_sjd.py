@@ -5,13 +5,13 @@ comparators, and the Pareto picture, from one invocation.
 
 1. `experiment=toy_coupled` at windows 16 and 64 (SJD, SCD Gumbel/maximal, our `csjd` and its
    ablations) and `experiment=toy_lossy` (GSD, LANTERN-style, ZipAR), each with AR in the same
-   run; every decoder audited against AR (sjd.audited_runs).
+   run; every decoder audited against AR (sjd.audit.runs).
 2. The cost of a window forward relative to a one-token forward of the toy model, measured
    here (median of repeated forwards against a mid-image context): c_W. A decoder taking S
    forwards at window W can at best be (step compression / c_W) faster than AR, so
    `efficiency` = latency speedup / (step compression / c_W) shows what decoder bookkeeping costs.
    `forward_cost` and `efficiency_run` are the same measured inside the decode itself (each run's
-   summary, sjd.results.forward_efficiency): model time per forward against AR's, on the contexts
+   summary, sjd.harness.results.forward_efficiency): model time per forward against AR's, on the contexts
    actually decoded and interleaved with AR, so they move less between invocations than c_W.
 3. results/toy_beyond_sjd.{csv,md} and results/toy_pareto.png (speedup vs audit TV and vs FID).
    The goal check (best lossless decoder >= 2x SJD's step compression at the same window,
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -32,13 +31,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from sjd.audit.runs import run_and_audit
+from sjd.harness.config import register_resolvers
+from sjd.harness.plots import pareto
+from sjd.harness.results import markdown_table
+from sjd.types import Prompt
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from sjd.audited_runs import run_and_audit  # noqa: E402
-from sjd.config import register_resolvers  # noqa: E402
-from sjd.models.base import Prompt  # noqa: E402
-from sjd.plots import pareto  # noqa: E402
-from sjd.results import markdown_table  # noqa: E402
 
 RUNS = (("toy_coupled", 16), ("toy_coupled", 64), ("toy_lossy", 16))
 
@@ -96,7 +95,7 @@ def main() -> None:
         f"vs_sjd_steps = step compression / SJD's at the same window; window_cost = time of a W-token forward / a "
         f"1-token forward (isolated forwards, measured in this invocation); efficiency = latency speedup / (step "
         f"compression / window_cost); forward_cost and efficiency_run: the same from the decode itself (model time per "
-        f"forward against AR's in the same run, sjd.results.forward_efficiency). "
+        f"forward against AR's in the same run, sjd.harness.results.forward_efficiency). "
         f"Audit: {args.n_audit} samples of one caption per decoder against AR (per-position chi-square, Bonferroni).\n"
         f"`python scripts/beyond_sjd.py --n-audit {args.n_audit}`, run dirs {', '.join(f'`{d}`' for d in run_dirs)}\n\n"
         + markdown_table(table[columns])

@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
+import sjd.decoders.tree as tree
+from sjd.decoders.coupled import CoupledSJDDecoder
+from sjd.harness.toy_study import ToyStudy
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import sjd.decoders.tree as tree  # noqa: E402
-from sjd.decoders.coupled import CoupledSJDDecoder  # noqa: E402
-from sjd.toy.study import ToyStudy  # noqa: E402
 
 
 class SiblingsNeverAccepted(tree.BranchingSJDDecoder):

@@ -10,13 +10,11 @@ Jobs without a summary (still running, or failed) are listed, not silently dropp
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sjd.results import markdown_table  # noqa: E402
+from sjd.harness.results import markdown_table
 
 SHOWN = ["job", "model", "decoder", "n_forward", "step_compression", "latency_speedup", "fid", "clip"]
 

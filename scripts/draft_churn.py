@@ -10,18 +10,16 @@ draft the slot held in this iteration. SCD reports ~94% for SJD on Lumina-mGPT.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sjd.decoders.coupled import CoupledSJDDecoder  # noqa: E402
-from sjd.decoders.sjd import SJDDecoder  # noqa: E402
-from sjd.models.toy import ToyAdapter  # noqa: E402
-from sjd.prompts import load_prompt_file  # noqa: E402
-from sjd.provenance import make_generators  # noqa: E402
-from sjd.sampling import SamplingConfig  # noqa: E402
+from sjd.core.sampling import SamplingConfig
+from sjd.decoders.coupled import CoupledSJDDecoder
+from sjd.decoders.sjd import SJDDecoder
+from sjd.harness.prompts import load_prompt_file
+from sjd.harness.provenance import make_generators
+from sjd.models.toy import ToyAdapter
 
 
 def churn(decoder: SJDDecoder, adapter: ToyAdapter, prompts, sampling: SamplingConfig) -> tuple[int, int]:

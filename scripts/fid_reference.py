@@ -12,14 +12,12 @@ JSON note of the source folder, image count, extractor and protocol.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sjd.eval.fid import add_images, build_metric, save_reference, toy_reference_images  # noqa: E402
+from sjd.eval.fid import add_images, build_metric, save_reference, toy_reference_images
 
 EXTENSIONS = {".jpg", ".jpeg", ".png", ".webp"}
 

@@ -7,7 +7,7 @@ Starting from sjd/assets/toy, each training sequence gets (with probability 1 - 
 one random segment of image-stream inputs replaced by noisy embeddings
 x_t = (1 - t) e_hat + t eps, every token at its own noise level, and the loss stays the ordinary
 next-token cross-entropy on the clean sequence. The model sees each input's level through a
-learned timestep embedding (sjd/toy/noise_aware.py). Batches and noise are pure functions of
+learned timestep embedding (sjd/sjd2/toy_net.py). Batches and noise are pure functions of
 (seed, step), so the run is reproducible at a fixed thread count.
 """
 
@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sjd.sjd2.toy_net import N_LEVELS, NoiseAwareLM, save_noise_aware
 from sjd.toy.model import TEXT_CONTEXT, load_toy
-from sjd.toy.noise_aware import N_LEVELS, NoiseAwareLM, save_noise_aware
 from sjd.toy.tokenizer import ToyVocab
 from sjd.toy.training import HELDOUT_INDEX, image_targets, lr_at, make_batch
 

@@ -8,8 +8,8 @@ and pre-tokenised training shards:
         --data 'shards/*.safetensors' --out ckpt/lumina_sjd2 --device cuda --dtype bfloat16
     python scripts/finetune_sjd2_hf.py --model emu3 --base <Emu3-Gen-hf dir> --data ... --out ckpt/emu3_sjd2
 
-Data: safetensors shards of prompt rows + image streams (format in sjd/sjd2_data.py), one image
-size per run (`--resolution`, checked against every stream). Objective (sjd/sjd2_objective.py):
+Data: safetensors shards of prompt rows + image streams (format in sjd/sjd2/data.py), one image
+size per run (`--resolution`, checked against every stream). Objective (sjd/sjd2/objective.py):
 random noisy segments over image-code inputs only, never the prompt or the forced tokens;
 ordinary next-token cross-entropy on the clean sequence; CFG dropout replaces the caption by the
 adapter's unconditional row. Every input, clean ones included, goes through the adapter's noise
@@ -33,24 +33,21 @@ from __future__ import annotations
 import argparse
 import glob
 import math
-import sys
 import time
 import warnings
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sjd.models.emu3 import Emu3Adapter  # noqa: E402
-from sjd.models.emu3_sjd2 import Emu3SJD2Adapter  # noqa: E402
-from sjd.models.lumina import LuminaAdapter  # noqa: E402
-from sjd.models.lumina_sjd2 import LuminaSJD2Adapter  # noqa: E402
-from sjd.models.noise_aware import save_checkpoint  # noqa: E402
-from sjd.models.noise_path import N_LEVELS, SIDECAR_META, NoisePath  # noqa: E402
-from sjd.sjd2_data import read_shards, uncond_row  # noqa: E402
-from sjd.sjd2_objective import make_batch, noise_plan, noisy_loss  # noqa: E402
-from sjd.toy.training import lr_at  # noqa: E402
+from sjd.models.emu3 import Emu3Adapter
+from sjd.models.lumina import LuminaAdapter
+from sjd.sjd2.data import read_shards, uncond_row
+from sjd.sjd2.emu3 import Emu3SJD2Adapter
+from sjd.sjd2.inputs import save_checkpoint
+from sjd.sjd2.lumina import LuminaSJD2Adapter
+from sjd.sjd2.noise_path import N_LEVELS, SIDECAR_META, NoisePath
+from sjd.sjd2.objective import make_batch, noise_plan, noisy_loss
+from sjd.toy.training import lr_at
 
 # family -> (plain adapter, noise-aware adapter, default resolution)
 FAMILIES = {"lumina": (LuminaAdapter, LuminaSJD2Adapter, 768), "emu3": (Emu3Adapter, Emu3SJD2Adapter, 720)}
@@ -73,7 +70,7 @@ def shard_paths(patterns: list[str]) -> list[Path]:
     paths = sorted({Path(p) for pattern in patterns for p in (glob.glob(pattern) or [pattern])})
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise FileNotFoundError(f"--data: no shard at {missing} (see sjd/sjd2_data.py for the format)")
+        raise FileNotFoundError(f"--data: no shard at {missing} (see sjd/sjd2/data.py for the format)")
     return paths
 
 
@@ -91,7 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(FAMILIES), required=True)
     ap.add_argument("--base", required=True, help="base checkpoint (transformers format) or a noise-aware one")
-    ap.add_argument("--data", nargs="+", required=True, help="shard files or globs (sjd/sjd2_data.py)")
+    ap.add_argument("--data", nargs="+", required=True, help="shard files or globs (sjd/sjd2/data.py)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--resolution", type=int, default=None, help="pixels; default 768 (lumina) / 720 (emu3)")
     ap.add_argument("--steps", type=int, default=1000)

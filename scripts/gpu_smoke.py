@@ -40,17 +40,17 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from omegaconf import OmegaConf
+
+from sjd.core.sampling import SamplingConfig
+from sjd.decoders.ar import ARDecoder
+from sjd.decoders.sjd import SJDDecoder
+from sjd.harness.provenance import git_hash, make_generators
+from sjd.harness.results import markdown_table
+from sjd.models.base import ModelAdapter
+from sjd.types import ImageLayout, Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from omegaconf import OmegaConf  # noqa: E402
-
-from sjd.decoders.ar import ARDecoder  # noqa: E402
-from sjd.decoders.sjd import SJDDecoder  # noqa: E402
-from sjd.models.base import ImageLayout, ModelAdapter, Prompt  # noqa: E402
-from sjd.provenance import git_hash, make_generators  # noqa: E402
-from sjd.results import markdown_table  # noqa: E402
-from sjd.sampling import SamplingConfig  # noqa: E402
 
 MODELS = ("lumina", "anole", "emu3", "janus", "llamagen")
 PROMPT = Prompt("smoke", "a red fox sitting in fresh snow at dawn, soft light, highly detailed")
@@ -186,8 +186,8 @@ def build_llamagen(tiny: bool, device: torch.device, dtype: torch.dtype) -> Buil
     from transformers import JanusVQVAE, PreTrainedTokenizerFast, T5Config, T5EncoderModel
 
     from sjd.models.llamagen import LlamaGenAdapter
-    from sjd.models.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
-    from sjd.models.llamagen_vq import vq_config
+    from sjd.models.nets.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
+    from sjd.models.nets.llamagen_vq import vq_config
 
     grid = int(model_conf("llamagen").adapter.resolution) // 16
     if tiny:

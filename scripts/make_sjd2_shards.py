@@ -9,20 +9,17 @@ Each image is resized and centre-cropped to the square the layout's code grid co
 for the real VQs: 48 x 16 px for Lumina-mGPT 768, 90 x 8 px for Emu3 720) and encoded by the model's own
 VQ (Chameleon's VQGAN for Lumina-mGPT, the checkpoint's Emu3 VQ for Emu3); the caption becomes the
 adapter's conditional prompt row. Only the tokenizer, config and VQ are loaded, not the LM weights.
-Writes `shard-00000.safetensors`, ... of `--shard-size` sequences each (format: sjd/sjd2_data.py).
+Writes `shard-00000.safetensors`, ... of `--shard-size` sequences each (format: sjd/sjd2/data.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sjd.sjd2_data import write_shard  # noqa: E402
-from sjd.sjd2_encode import chameleon_encoder, emu3_encoder, encode_pairs, tokenizing_adapter  # noqa: E402
+from sjd.sjd2.data import write_shard
+from sjd.sjd2.encode import chameleon_encoder, emu3_encoder, encode_pairs, tokenizing_adapter
 
 DEFAULT_RESOLUTION = {"lumina": 768, "emu3": 720}
 

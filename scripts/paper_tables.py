@@ -9,15 +9,14 @@ model's weights; tables without a run show "not run".
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pandas as pd
 
+from sjd.harness.paper import compare, load_published
+from sjd.harness.results import markdown_table
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from sjd.paper import compare, load_published  # noqa: E402
-from sjd.results import markdown_table  # noqa: E402
 
 SHOWN = ["method", "published_steps", "measured_steps", "published_step_compression", "measured_step_compression",
          "ratio_step_compression", "published_latency_speedup", "measured_latency_speedup", "ratio_latency_speedup",

@@ -18,11 +18,11 @@ import json
 import torch
 from omegaconf import OmegaConf
 
+from sjd.core.sampling import SamplingConfig, entropy, logits_to_probs
 from sjd.decoders.ar import ARDecoder
+from sjd.harness.prompts import PROJECT_ROOT, load_prompt_file
+from sjd.harness.provenance import make_generators
 from sjd.models.toy import ToyAdapter
-from sjd.prompts import PROJECT_ROOT, load_prompt_file
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig, entropy, logits_to_probs
 from sjd.toy.tokenizer import dominant_colours
 
 

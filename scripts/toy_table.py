@@ -16,19 +16,18 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
 from hydra import compose, initialize_config_dir
 
+from sjd.audit.runs import run_and_audit
+from sjd.harness.config import register_resolvers
+from sjd.harness.plots import quality_vs_speedup
+from sjd.harness.results import markdown_table
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from sjd.audited_runs import run_and_audit  # noqa: E402
-from sjd.config import register_resolvers  # noqa: E402
-from sjd.plots import quality_vs_speedup  # noqa: E402
-from sjd.results import markdown_table  # noqa: E402
 
 EXPERIMENTS = ("toy_decoders", "toy_sjd2")
 SETTINGS = ("window", "init", "context", "denoise_steps")

@@ -3,7 +3,7 @@
     python scripts/verification_study.py [--prompts 32] [--seeds 4] [--windows 16 64]
 
 Step compression (generated tokens per forward, prefill counted), per seed and mean, of SJD with the
-paper's token-by-token test and with block verification (sjd.verify.block_verify), for random and
+paper's token-by-token test and with block verification (sjd.core.verify.block_verify), for random and
 `vertical_dist` fresh drafts, next to the coupled decoders `csjd` and `csjd_gumbel`. Block
 verification needs fresh next drafts, so it cannot be stacked on a coupling; this shows what each
 buys. Counts forwards only (no timing), so it can run next to other work.
@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
+from sjd.decoders.coupled import CoupledSJDDecoder
+from sjd.decoders.sjd import SJDDecoder
+from sjd.harness.toy_study import ToyStudy
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from sjd.decoders.coupled import CoupledSJDDecoder  # noqa: E402
-from sjd.decoders.sjd import SJDDecoder  # noqa: E402
-from sjd.toy.study import ToyStudy  # noqa: E402
 
 
 def decoders(window: int) -> dict[str, SJDDecoder]:

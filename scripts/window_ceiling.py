@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
+from sjd.decoders.coupled import CoupledSJDDecoder
+from sjd.decoders.sjd import SJDDecoder
+from sjd.harness.toy_study import ToyStudy
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from sjd.decoders.coupled import CoupledSJDDecoder  # noqa: E402
-from sjd.decoders.sjd import SJDDecoder  # noqa: E402
-from sjd.toy.study import ToyStudy  # noqa: E402
 
 
 def main() -> None:

@@ -15,12 +15,12 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+from sjd.harness.config import register_resolvers
+from sjd.harness.plots import window_sweep
+from sjd.harness.results import markdown_table
+from sjd.harness.runner import run
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from sjd.config import register_resolvers  # noqa: E402
-from sjd.plots import window_sweep  # noqa: E402
-from sjd.results import markdown_table  # noqa: E402
-from sjd.runner import run  # noqa: E402
 
 
 def main() -> None:

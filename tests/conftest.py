@@ -10,7 +10,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from sjd.config import register_resolvers
+from sjd.harness.config import register_resolvers
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("WANDB_MODE", "offline")

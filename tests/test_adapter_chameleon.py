@@ -9,17 +9,17 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.jacobi import JacobiDecoder
 from sjd.decoders.pjd import PJDDecoder
 from sjd.decoders.sjd import SJDDecoder
+from sjd.harness.provenance import make_generators
 from sjd.models.anole import AnoleAdapter
-from sjd.models.base import Prompt
 from sjd.models.chameleon import qk_norm_to_transformers, state_dict_to_transformers
-from sjd.models.chameleon_vqgan import ChameleonVQGAN, VQGANConfig
 from sjd.models.lumina import LuminaAdapter
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig
+from sjd.models.nets.chameleon_vqgan import ChameleonVQGAN, VQGANConfig
+from sjd.types import Prompt
 
 BOS, PAD, EOS = 0, 1, 2
 CODE0, N_CODES = 4, 64  # image code i is id 4 + i, as in Chameleon's real vocabulary

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.jacobi import JacobiDecoder
 from sjd.decoders.pjd import PJDDecoder
 from sjd.decoders.sjd import SJDDecoder
-from sjd.models.base import Prompt
+from sjd.harness.provenance import make_generators
 from sjd.models.emu3 import NEGATIVE_PROMPT, Emu3Adapter
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig
+from sjd.types import Prompt
 
 PAD, BOI, EOI, WRAPPER, EOL, EOF, BOS, EOS = 0, 2, 3, 4, 5, 6, 7, 8
 TEXT0, N_TEXT = 10, 80  # character ids 10..89

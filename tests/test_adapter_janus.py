@@ -7,15 +7,15 @@ import pytest
 import torch
 from transformers import GenerationConfig, JanusConfig, JanusForConditionalGeneration
 
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.jacobi import JacobiDecoder
 from sjd.decoders.pjd import PJDDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.zipar import ZipARDecoder
-from sjd.models.base import Prompt
+from sjd.harness.provenance import make_generators
 from sjd.models.janus import JanusAdapter
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig
+from sjd.types import Prompt
 
 PAD, BOS, EOS, IMAGE, BOI = 0, 1, 2, 3, 4
 SIDE, CODES = 8, 128

@@ -9,16 +9,16 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import JanusVQVAE, PreTrainedTokenizerFast, T5Config, T5EncoderModel
 
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.jacobi import JacobiDecoder
 from sjd.decoders.pjd import PJDDecoder
 from sjd.decoders.sjd import SJDDecoder
-from sjd.models.base import Prompt
+from sjd.harness.provenance import make_generators
 from sjd.models.llamagen import LlamaGenAdapter
-from sjd.models.llamagen_gpt import LlamaGenConfig, LlamaGenGPT, apply_rope, load_gpt, rope_2d_table
-from sjd.models.llamagen_vq import load_vq, vq_config
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig
+from sjd.models.nets.llamagen_gpt import LlamaGenConfig, LlamaGenGPT, apply_rope, load_gpt, rope_2d_table
+from sjd.models.nets.llamagen_vq import load_vq, vq_config
+from sjd.types import Prompt
 
 GRID, CODES, CAPTION_SLOTS, CAPTION_DIM = 6, 64, 8, 16
 N = GRID * GRID

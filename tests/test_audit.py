@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sjd.audit import enumerate_images, exact_test, sequence_probabilities
-from sjd.models.base import Prompt
+from sjd.audit.stats import enumerate_images, exact_test, sequence_probabilities
+from sjd.core.sampling import SamplingConfig
 from sjd.models.micro import MicroAdapter
-from sjd.sampling import SamplingConfig
+from sjd.types import Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,9 +58,9 @@ def test_lossless_decoders_pass_the_exact_audit(run_audit, overrides):
 def test_the_audit_catches_a_biased_decoder(run_audit, monkeypatch):
     """Resampling a rejected draft from p instead of norm(max(0, p - q)) - a classic slip -
     must fail the audit. (Recording a one-hot q for any draft would not: that is exact.)"""
-    import sjd.verify
+    import sjd.core.verify
 
-    monkeypatch.setattr(sjd.verify, "residual", lambda p, q: p)
+    monkeypatch.setattr(sjd.core.verify, "residual", lambda p, q: p)
     report = run_audit(["decoder=sjd", "n_samples=20000"])
     assert report["p_value"] < 1e-6, report
 

@@ -1,19 +1,19 @@
-"""Block verification (sjd.verify.block_verify): exact for drafts whose q depends on the drafts
+"""Block verification (sjd.core.verify.block_verify): exact for drafts whose q depends on the drafts
 before them, more accepted drafts than the token rule, and audited inside SJD on the micro model."""
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
-from sjd.audit import draw_samples
+from sjd.audit.stats import draw_samples
+from sjd.core.sampling import SamplingConfig, sample_from
+from sjd.core.verify import block_verify, verify
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.coupled import CoupledSJDDecoder
 from sjd.decoders.sjd import SJDDecoder
+from sjd.harness.prompts import load_prompt_file
+from sjd.harness.provenance import make_generators
 from sjd.models.micro import MicroAdapter
-from sjd.prompts import load_prompt_file
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig, sample_from
-from sjd.verify import block_verify, verify
 
 V, D, N = 4, 3, 200_000  # vocabulary, drafts per block, blocks verified at once
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from sjd.models.chameleon_vqgan import ChameleonVQGAN, VQGANConfig, load_vqgan
+from sjd.models.nets.chameleon_vqgan import ChameleonVQGAN, VQGANConfig, load_vqgan
 
 # 2 levels (2x down-sampling), 1 resnet block, attention at 16 px: the encoder's second level and
 # the decoder's lowest one, so both attention paths and a channel-changing shortcut are exercised.

@@ -27,7 +27,7 @@ def test_every_model_and_decoder_composes(compose_cfg, model, decoder):
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_builds_its_decoders(compose_cfg, experiment):
-    from sjd.runner import build_decoders
+    from sjd.harness.runner import build_decoders
 
     cfg = compose_cfg([f"experiment={experiment}"])
     assert cfg.experiment_name == experiment

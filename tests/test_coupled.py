@@ -7,16 +7,16 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from sjd.audit import draw_samples
+from sjd.audit.stats import draw_samples
+from sjd.core.drafts import distribution_drafts
+from sjd.core.sampling import SamplingConfig, sample_from
+from sjd.core.verify import accept_tests
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.coupled import CoupledSJDDecoder, gumbel_drafts, maximal_coupling_drafts
-from sjd.drafts import distribution_drafts
-from sjd.models.base import Prompt
+from sjd.harness.prompts import load_prompt_file
+from sjd.harness.provenance import make_generators
 from sjd.models.micro import MicroAdapter
-from sjd.prompts import load_prompt_file
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig, sample_from
-from sjd.verify import accept_tests
+from sjd.types import Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = load_prompt_file("sjd/assets/prompts/toy.tsv")[:4]

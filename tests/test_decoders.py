@@ -3,13 +3,13 @@
 import pytest
 import torch
 
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.jacobi import JacobiDecoder
 from sjd.decoders.sjd import SJDDecoder
-from sjd.models.base import Prompt
-from sjd.prompts import load_prompt_file
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig
+from sjd.harness.prompts import load_prompt_file
+from sjd.harness.provenance import make_generators
+from sjd.types import Prompt
 
 PROMPTS = load_prompt_file("sjd/assets/prompts/toy.tsv")[:4]
 GREEDY = SamplingConfig(cfg_scale=3.0, temperature=0.0)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sjd.distributed import DataParallel, RankInfo, rank_info, shard
-from sjd.results import merge_samples, shard_file
+from sjd.harness.distributed import DataParallel, RankInfo, rank_info, shard
+from sjd.harness.results import merge_samples, shard_file
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["prompts.n=4", "batch_size=2", "warmup=0", "results_csv=null", "eval=none", "decoder.window=4", "logger=csv"]

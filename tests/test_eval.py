@@ -8,14 +8,14 @@ import pandas as pd
 import pytest
 import torch
 
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.sjd import SJDDecoder
 from sjd.eval.clip_score import clip_score
 from sjd.eval.fid import add_images, build_metric, toy_reference_images
 from sjd.eval.protocols import preprocess
 from sjd.eval.quality import check_eval, evaluate
-from sjd.prompts import load_prompt_file
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig
+from sjd.harness.prompts import load_prompt_file
+from sjd.harness.provenance import make_generators
 from sjd.toy.scenes import scene_batch
 from sjd.toy.tokenizer import N_CODES, decode_codes
 from sjd.toy.training import HELDOUT_INDEX
@@ -137,7 +137,7 @@ def test_eval_configs_fail_before_any_model_with_the_key_to_set(compose_cfg, tmp
 
 
 def test_quality_vs_speedup_plot(tmp_path):
-    from sjd.plots import quality_vs_speedup
+    from sjd.harness.plots import quality_vs_speedup
 
     table = pd.DataFrame(
         {"model": ["toy"] * 3, "decoder": ["ar", "sjd", "pjd"], "latency_speedup": [1.0, 3.2, 3.0],

@@ -11,14 +11,14 @@ import pytest
 import torch
 from test_sjd2_hf import PROMPTS, emu3_base, gens, lumina_base
 
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd2 import SJD2Decoder
-from sjd.models.base import Prompt
-from sjd.models.emu3_sjd2 import Emu3SJD2Adapter
-from sjd.models.lumina_sjd2 import LuminaSJD2Adapter
-from sjd.sampling import SamplingConfig
-from sjd.sjd2_data import image_stream, prompt_row, read_shards, uncond_row, write_shard
-from sjd.sjd2_objective import IGNORE, make_batch, noise_plan
+from sjd.sjd2.data import image_stream, prompt_row, read_shards, uncond_row, write_shard
+from sjd.sjd2.emu3 import Emu3SJD2Adapter
+from sjd.sjd2.lumina import LuminaSJD2Adapter
+from sjd.sjd2.objective import IGNORE, make_batch, noise_plan
+from sjd.types import Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS = ["a red fox", "two cats on a mat", "a bowl of fruit", "snow"]

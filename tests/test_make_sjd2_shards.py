@@ -12,9 +12,9 @@ import torch
 from PIL import Image
 from test_sjd2_hf import emu3_base, lumina_base
 
-from sjd.models.base import Prompt
-from sjd.sjd2_data import read_shards
-from sjd.sjd2_encode import load_pixels
+from sjd.sjd2.data import read_shards
+from sjd.sjd2.encode import load_pixels
+from sjd.types import Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS = ["a red fox", "two cats"]

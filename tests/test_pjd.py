@@ -5,14 +5,14 @@ greedy exactness where it must hold, and its errors."""
 import pytest
 import torch
 
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.pjd import PJDDecoder, RowState
 from sjd.decoders.zipar import ZipARDecoder
-from sjd.models.base import WINDOW, ImageLayout
+from sjd.harness.prompts import load_prompt_file
+from sjd.harness.provenance import make_generators
 from sjd.models.micro import MicroAdapter
-from sjd.prompts import load_prompt_file
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig
+from sjd.types import WINDOW, ImageLayout
 
 PROMPTS = load_prompt_file("sjd/assets/prompts/toy.tsv")[:4]
 GREEDY = SamplingConfig(cfg_scale=3.0, temperature=0.0)

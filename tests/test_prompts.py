@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from sjd.prompts import PromptFileError, load_prompt_file, load_prompt_set
+from sjd.harness.prompts import PromptFileError, load_prompt_file, load_prompt_set
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTS = {"coco5k": 5000, "coco30k": 30000, "parti": 1632, "geneval": 553, "drawbench": 200, "sjd_demo": 10, "toy": 64}
@@ -26,7 +26,7 @@ def test_prompt_sets_have_their_documented_counts_and_hashes(name):
 
 
 def test_coco5k_is_the_longest_caption_per_image_in_image_id_order():
-    from sjd.prompts import _coco_longest
+    from sjd.harness.prompts import _coco_longest
 
     rows = _coco_longest(ROOT / "sjd" / "assets" / "prompts" / "coco2017_captions_val2017.json")
     raw = "\n".join(caption for _, _, caption in rows)

@@ -3,9 +3,9 @@ uncached forward, with rows at different lengths (holes) and with CFG rows."""
 
 import torch
 
-from sjd.models.base import Prompt
-from sjd.models.ragged_cache import RaggedCache
+from sjd.models.cache import RaggedCache
 from sjd.toy.model import TEXT_CONTEXT
+from sjd.types import Prompt
 
 
 def _fresh(adapter, prompt_ids, generated):

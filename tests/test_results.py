@@ -1,11 +1,11 @@
-"""sjd.results.summarize: the in-run forward cost and efficiency that keep decoder bookkeeping visible."""
+"""sjd.harness.results.summarize: the in-run forward cost and efficiency that keep decoder bookkeeping visible."""
 
 import math
 
 import pandas as pd
 import pytest
 
-from sjd.results import summarize
+from sjd.harness.results import summarize
 
 
 def samples(decoder: str, n_forward: int, latency_s: float, model_s: float, n: int = 2) -> list[dict]:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.sjd import SJDDecoder
-from sjd.models.base import Logits
-from sjd.prompts import load_prompt_file
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig
+from sjd.harness.prompts import load_prompt_file
+from sjd.harness.provenance import make_generators
+from sjd.types import Logits
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["prompts.n=8", "batch_size=2", "warmup=0", "save_images=false", "results_csv=null", "eval=none",
@@ -83,7 +83,7 @@ def test_nan_logits_are_named_with_prompt_and_step(toy, monkeypatch):
 
 
 def test_out_of_memory_names_batch_and_window_and_keeps_finished_samples(compose_cfg, tmp_path, monkeypatch):
-    from sjd.runner import run
+    from sjd.harness.runner import run
 
     real_generate, calls = SJDDecoder.generate, {"n": 0}
 

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from sjd.models.base import Logits
-from sjd.sampling import SamplingConfig, cfg_mix, filter_top_k_top_p, grammar_mask, logits_to_probs, sample_from
+from sjd.core.sampling import SamplingConfig, cfg_mix, filter_top_k_top_p, grammar_mask, logits_to_probs, sample_from
 from sjd.toy.tokenizer import ToyVocab
+from sjd.types import Logits
 
 
 def test_cfg_mix_is_uncond_plus_scaled_difference():

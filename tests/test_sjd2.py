@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd2 import SJD2Decoder
-from sjd.models.toy_sjd2 import ToySJD2Adapter
-from sjd.prompts import load_prompt_file
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig
+from sjd.harness.prompts import load_prompt_file
+from sjd.harness.provenance import make_generators
+from sjd.sjd2.toy import ToySJD2Adapter
+from sjd.sjd2.toy_net import N_LEVELS, load_noise_aware
 from sjd.toy.model import TEXT_CONTEXT
-from sjd.toy.noise_aware import N_LEVELS, load_noise_aware
 from sjd.toy.tokenizer import ToyVocab
 from sjd.toy.training import HELDOUT_INDEX, image_targets, make_batch
 

@@ -11,18 +11,18 @@ import test_adapter_chameleon as cham
 import test_adapter_emu3 as emu
 import torch
 
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.sjd2 import SJD2Decoder
-from sjd.models.base import CODE_EMBEDDINGS, EMBEDS, Prompt
+from sjd.harness.provenance import make_generators
 from sjd.models.emu3 import Emu3Adapter
-from sjd.models.emu3_sjd2 import Emu3SJD2Adapter
 from sjd.models.lumina import LuminaAdapter
-from sjd.models.lumina_sjd2 import LuminaSJD2Adapter
-from sjd.models.noise_aware import save_checkpoint
-from sjd.models.noise_path import SIDECAR_META, SIDECAR_WEIGHTS, NoisePath
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig
+from sjd.sjd2.emu3 import Emu3SJD2Adapter
+from sjd.sjd2.inputs import save_checkpoint
+from sjd.sjd2.lumina import LuminaSJD2Adapter
+from sjd.sjd2.noise_path import SIDECAR_META, SIDECAR_WEIGHTS, NoisePath
+from sjd.types import CODE_EMBEDDINGS, EMBEDS, Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [Prompt("p0", "a red fox in the snow"), Prompt("p1", "two cats")]
@@ -253,8 +253,8 @@ def test_the_model_config_loads_a_checkpoint(saved, compose_cfg):
 
 @pytest.mark.parametrize("experiment, model", [("sjd2_lumina_coco", "lumina"), ("sjd2_emu3_coco", "emu3")])
 def test_sjd2_overlays_match_the_published_rows(compose_cfg, experiment, model):
-    from sjd.paper import load_published
-    from sjd.runner import build_decoders
+    from sjd.harness.paper import load_published
+    from sjd.harness.runner import build_decoders
 
     cfg = compose_cfg([f"experiment={experiment}"])
     assert cfg.model.name == f"{model}_sjd2" and cfg.prompts.name == "coco5k"

@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
-from sjd.models.base import Prompt
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig
+from sjd.harness.provenance import make_generators
 from sjd.toy.scenes import COLOURS, scene_batch
 from sjd.toy.tokenizer import ToyVocab, decode_codes, dominant_colours, encode_image
+from sjd.types import Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "sjd" / "assets" / "toy"

@@ -2,8 +2,8 @@
 
 import torch
 
-from sjd.sampling import sample_from
-from sjd.verify import residual, verify
+from sjd.core.sampling import sample_from
+from sjd.core.verify import residual, verify
 
 
 def _one_draft_trial(p_target, q_draft, n, seed):

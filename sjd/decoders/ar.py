@@ -11,9 +11,10 @@ from collections.abc import Sequence
 
 import torch
 
+from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_rows
 from sjd.decoders.base import Decoder, DecodeResult, ForwardClock, device_sync
-from sjd.models.base import ModelAdapter, Prompt
-from sjd.sampling import SamplingConfig, logits_to_probs, sample_rows
+from sjd.models.base import ModelAdapter
+from sjd.types import Prompt
 
 
 class ARDecoder(Decoder):

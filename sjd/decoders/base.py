@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sjd.models.base import WINDOW, Logits, ModelAdapter, Prompt
-from sjd.sampling import SamplingConfig, logits_to_probs, sample_rows
+from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_rows
+from sjd.models.base import ModelAdapter
+from sjd.types import WINDOW, Logits, Prompt
 
 
 @dataclass

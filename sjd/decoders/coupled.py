@@ -26,7 +26,7 @@ argument applies. The exactness audit (scripts/audit.py) checks this at N >= 20,
 
 The decoder is SJD's loop (sjd.decoders.sjd) with only `next_drafts` replaced; the other parts
 of our combination are SJD's: `init` (drafts from the row above: by default `vertical_dist`, a draw
-from the distribution the committed code above came from, sjd.drafts) and `forced_drafts`.
+from the distribution the committed code above came from, sjd.core.drafts) and `forced_drafts`.
 Gumbel and maximal coupling do not compose: a residual drawn with the Gumbel vector that drew
 the rejected draft is biased by the rejection, so `coupling` is one choice.
 """
@@ -37,10 +37,10 @@ from collections.abc import Sequence
 
 import torch
 
+from sjd.core.sampling import sample_from
+from sjd.core.verify import VerifyResult, residual
 from sjd.decoders.sjd import SJDDecoder, WindowState
-from sjd.models.base import ImageLayout
-from sjd.sampling import sample_from
-from sjd.verify import VerifyResult, residual
+from sjd.types import ImageLayout
 
 COUPLINGS = ("none", "gumbel", "maximal")
 
@@ -111,7 +111,7 @@ def maximal_coupling_drafts(
 ) -> torch.Tensor:
     """[B, W]: each draft slot keeps its draft if its own accept test passed, else a residual
     sample; slots without a draft take `fresh`. `accepted` [B, D] are the per-draft outcomes of
-    sjd.verify (each test independent of the earlier ones), uniforms [B, W]."""
+    sjd.core.verify (each test independent of the earlier ones), uniforms [B, W]."""
     D = drafts.shape[1]
     redrawn = sample_from(residual(p[:, :D], q), uniforms[:, :D])
     kept = torch.where(accepted, drafts, redrawn)

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
+from sjd.core.sampling import sample_from
+from sjd.core.verify import VerifyResult, exact_match_verify
 from sjd.decoders.sjd import SJDDecoder, draw_uniforms
-from sjd.sampling import sample_from
-from sjd.verify import VerifyResult, exact_match_verify
 
 
 class JacobiDecoder(SJDDecoder):

@@ -37,7 +37,7 @@ Our choices where the official code leaves room (config in conf/decoder/pjd.yaml
   written after the forward: a later forward rewrites it, which replaces all its cached slots.
 - A row completed by a residual/bonus token writes that token's K/V in the next forward (as the
   next row's anchor, or as a lead-in token once no row anchors on it).
-- Fresh drafts use sjd.drafts (`init`): `vertical` copies the committed token above.
+- Fresh drafts use sjd.core.drafts (`init`): `vertical` copies the committed token above.
 - `accepted` records codes committed per forward (the prefill entry counts the forced tokens).
 """
 
@@ -48,11 +48,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sjd.core.drafts import SCHEMES, fresh_drafts, one_hot
+from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
+from sjd.core.verify import verify as speculative_verify
 from sjd.decoders.base import Decoder, DecodeResult, ForwardClock
-from sjd.drafts import SCHEMES, fresh_drafts, one_hot
-from sjd.models.base import CUSTOM_MASK, WINDOW, ImageLayout, Logits, ModelAdapter, Prompt
-from sjd.sampling import SamplingConfig, logits_to_probs, sample_from
-from sjd.verify import verify as speculative_verify
+from sjd.models.base import ModelAdapter
+from sjd.types import CUSTOM_MASK, WINDOW, ImageLayout, Logits, Prompt
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """SJD with a relaxed acceptance rule (lossy comparators): GSD and a LANTERN-style rule.
 
 The loop, drafts and Jacobi update are SJD's (sjd.decoders.sjd); only the test changes, to
-one of the rules in sjd.relaxed, which credit a draft with the target mass of its neighbours
+one of the rules in sjd.core.relaxed_rules, which credit a draft with the target mass of its neighbours
 in the image tokenizer's latent space. Not lossless: the audit reports the distance.
 
 Choices (conf/decoder/gsd.yaml, conf/decoder/lantern.yaml):
@@ -18,9 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sjd.decoders.sjd import SJDDecoder, WindowState
-from sjd.models.base import CODE_EMBEDDINGS, WINDOW, ImageLayout, ModelAdapter
-from sjd.relaxed import (
+from sjd.core.relaxed_rules import (
     gsd_masses,
     gsd_rejection,
     lantern_masses,
@@ -28,7 +26,10 @@ from sjd.relaxed import (
     neighbour_table,
     relaxed_verify,
 )
-from sjd.verify import VerifyResult
+from sjd.core.verify import VerifyResult
+from sjd.decoders.sjd import SJDDecoder, WindowState
+from sjd.models.base import ModelAdapter
+from sjd.types import CODE_EMBEDDINGS, WINDOW, ImageLayout
 
 RULES = ("gsd", "lantern")
 

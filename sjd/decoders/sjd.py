@@ -1,10 +1,10 @@
 """Speculative Jacobi Decoding (Teng et al., ICLR 2025; algorithms.md §4).
 
 Each iteration forwards a window [last committed token, d_1 .. d_{L-1}] against the cache,
-verifies the drafts left to right with the speculative rule (sjd.verify), commits the accepted
+verifies the drafts left to right with the speculative rule (sjd.core.verify), commits the accepted
 prefix plus one residual (or bonus) token, and keeps the model's own samples at the positions
 after the commit as the next drafts, with the distribution they were drawn from as their q
-(the Jacobi update). Fresh slots at the end of the window get drafts from sjd.drafts.
+(the Jacobi update). Fresh slots at the end of the window get drafts from sjd.core.drafts.
 
 Choices where the paper leaves room (all config, see conf/decoder/sjd.yaml):
 - `window` counts forward inputs, so at most `window` tokens are committed per forward;
@@ -13,7 +13,7 @@ Choices where the paper leaves room (all config, see conf/decoder/sjd.yaml):
   `ar_suffix`, are decoded one token per forward, as the official code's jacobi_loop_interval.
 - Drafts at grammar-forced positions are the forced token (one-hot q): lossless, and it avoids
   the certain rejection a random draft meets there (`forced_drafts=false` turns it off, for ablations).
-- `verification: block` decides the accepted length for the window jointly (sjd.verify.block_verify,
+- `verification: block` decides the accepted length for the window jointly (sjd.core.verify.block_verify,
   Sun et al. 2025): exact, and never fewer accepted drafts in expectation than `token`, the paper's
   left-to-right rule. It needs fresh next drafts, which SJD's Jacobi update draws; coupled decoders
   keep `token` (sjd.decoders.coupled says why).
@@ -29,12 +29,13 @@ from dataclasses import dataclass
 
 import torch
 
+from sjd.core.drafts import DISTRIBUTION_SCHEMES, SCHEMES, distribution_drafts, fresh_drafts, one_hot
+from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
+from sjd.core.verify import VerifyResult, block_verify
+from sjd.core.verify import verify as speculative_verify
 from sjd.decoders.base import WINDOW_CAPABILITY, Decoder, DecodeResult, ForwardClock
-from sjd.drafts import DISTRIBUTION_SCHEMES, SCHEMES, distribution_drafts, fresh_drafts, one_hot
-from sjd.models.base import ImageLayout, ModelAdapter, Prompt
-from sjd.sampling import SamplingConfig, logits_to_probs, sample_from
-from sjd.verify import VerifyResult, block_verify
-from sjd.verify import verify as speculative_verify
+from sjd.models.base import ModelAdapter
+from sjd.types import ImageLayout, Prompt
 
 VERIFICATIONS = ("token", "block")
 
@@ -169,7 +170,7 @@ class SJDDecoder(Decoder):
         positions: torch.Tensor,
         state: WindowState,
     ) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
-        """Speculative rule (sjd.verify), plus one new draft per slot and its q (`next_drafts`)."""
+        """Speculative rule (sjd.core.verify), plus one new draft per slot and its q (`next_drafts`)."""
         n_drafts = torch.tensor([max(w - 1, 0) for w in widths], device=p.device)
         u_accept, u_jacobi = draw_uniforms(generators, widths, p.shape[1], p.device)
         u_final = u_accept.gather(1, n_drafts[:, None]).squeeze(1)  # each row's own last uniform

@@ -26,11 +26,12 @@ from collections.abc import Sequence
 
 import torch
 
+from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
+from sjd.core.verify import verify as speculative_verify
 from sjd.decoders.base import Decoder, DecodeResult, ForwardClock
 from sjd.decoders.sjd import SJDDecoder, WindowState, draw_uniforms
-from sjd.models.base import EMBEDS, WINDOW, ModelAdapter, Prompt
-from sjd.sampling import SamplingConfig, logits_to_probs, sample_from
-from sjd.verify import verify as speculative_verify
+from sjd.models.base import ModelAdapter
+from sjd.types import EMBEDS, WINDOW, Prompt
 
 
 class SJD2Decoder(Decoder):

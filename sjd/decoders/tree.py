@@ -35,12 +35,13 @@ from dataclasses import dataclass
 
 import torch
 
+from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
+from sjd.core.verify import VerifyResult, accept_tests, residual
 from sjd.decoders.base import DecodeResult, ForwardClock
 from sjd.decoders.coupled import CoupledSJDDecoder
 from sjd.decoders.sjd import WindowState
-from sjd.models.base import CUSTOM_MASK, WINDOW, ImageLayout, ModelAdapter, Prompt
-from sjd.sampling import SamplingConfig, logits_to_probs, sample_from
-from sjd.verify import VerifyResult, accept_tests, residual
+from sjd.models.base import ModelAdapter
+from sjd.types import CUSTOM_MASK, WINDOW, ImageLayout, Prompt
 
 ONE_HOT = 1.0 - 1e-6  # a q whose top mass is above this has no room for siblings
 

@@ -19,64 +19,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-# Capabilities a decoder can require of a model (see Decoder.requires).
-WINDOW = "window"  # forward of several tokens against the cache, ragged rows
-CUSTOM_MASK = "custom_mask"  # an extra [B, W, W] attention mask inside the window (PJD)
-EMBEDS = "embeds"  # forward from input embeddings instead of ids (SJD2)
-CODE_EMBEDDINGS = "code_embeddings"  # a latent vector per image code (relaxed acceptance: GSD, LANTERN)
-
-
-@dataclass(frozen=True)
-class Prompt:
-    prompt_id: str
-    text: str
-
-
-@dataclass(frozen=True)
-class ImageLayout:
-    """Where every generated token goes, and which tokens the grammar allows there.
-
-    `forced[pos]` is the token id the grammar forces at generated position `pos` (begin- and
-    end-of-image, size tokens, end-of-line), or -1 where an image code is free to choose.
-    `free_tokens` is the vocabulary mask of the ids allowed at free positions.
-    """
-
-    n_tokens: int
-    height: int  # rows of image codes
-    width: int  # codes per row
-    row_stride: int  # tokens per row in the stream: width, plus 1 with an end-of-line token
-    first_code: int  # generated position of the first image code
-    forced: torch.Tensor  # [n_tokens] long
-    free_tokens: torch.Tensor  # [vocab] bool
-    vocab_size: int
-
-    @property
-    def free_token_ids(self) -> torch.Tensor:
-        return self.free_tokens.nonzero().flatten()
-
-    def allowed_table(self, device: torch.device) -> torch.Tensor:
-        """[n_tokens + 1, V] bool: the allowed ids at each position (forced ones one-hot); the
-        last row, for positions past the image (window padding), allows the free ids."""
-        key = str(device)
-        cache = self.__dict__.setdefault("_allowed_tables", {})
-        if key not in cache:
-            one_hot = torch.nn.functional.one_hot(self.forced.clamp(min=0), self.vocab_size).bool()
-            rows = torch.where((self.forced >= 0)[:, None], one_hot, self.free_tokens[None])
-            cache[key] = torch.cat([rows, self.free_tokens[None]]).to(device)
-        return cache[key]
-
-
-@dataclass
-class Logits:
-    """Raw logits for a window: conditional rows and, with CFG, the unconditional rows."""
-
-    cond: torch.Tensor  # [B, W, V]
-    uncond: torch.Tensor | None  # [B, W, V] or None when CFG is off
+from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, EMBEDS, WINDOW, ImageLayout, Logits, Prompt
 
 
 class ModelAdapter(ABC):

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 
 import torch
 
-from sjd.models.base import CUSTOM_MASK, WINDOW, Logits, ModelAdapter, Prompt
-from sjd.models.ragged_cache import RaggedCache
+from sjd.models.base import ModelAdapter
+from sjd.models.cache import RaggedCache
+from sjd.types import CUSTOM_MASK, WINDOW, Logits, Prompt
 
 
 class RaggedRows:

@@ -18,13 +18,13 @@ masking the first prompt_len - 1 tokens of a copy of the conditional row and shi
 positions; here the unconditional row is the one-token prompt `[end-of-turn]`, left-padded to the
 batch width, and the ragged cache turns the padding into unattended holes and numbers positions
 from the row's first real token, which gives the same attention and the same positions.
-Guidance `uncond + s * (cond - uncond)` is applied by the shared pipeline (sjd.sampling).
+Guidance `uncond + s * (cond - uncond)` is applied by the shared pipeline (sjd.core.sampling).
 
 Grammar. Every non-code position of the stream is forced (begin-of-image, Lumina's size and
 end-of-line tokens, end-of-image, Lumina's end-of-turn), so the official "no CFG outside the
 image" and text top-k rules never matter: a forced position is one-hot whatever the logits.
 
-Images. Codes -> pixels through our Chameleon VQGAN (sjd.models.chameleon_vqgan); transformers'
+Images. Codes -> pixels through our Chameleon VQGAN (sjd.models.nets.chameleon_vqgan); transformers'
 Chameleon has no image decoder.
 """
 
@@ -41,10 +41,11 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import CausalLMOutput
 
-from sjd.models.base import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt, codebook_by_id
+from sjd.models.base import codebook_by_id
 from sjd.models.causal_lm import CausalLMAdapter
-from sjd.models.chameleon_vqgan import CONFIG_KEY as VQGAN_KEY
-from sjd.models.chameleon_vqgan import ChameleonVQGAN, load_vqgan
+from sjd.models.nets.chameleon_vqgan import CONFIG_KEY as VQGAN_KEY
+from sjd.models.nets.chameleon_vqgan import ChameleonVQGAN, load_vqgan
+from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
 
 WEIGHTS_KEY = "model.adapter.weights"
 IMAGE_START = "<racm3:break>"

@@ -41,8 +41,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sjd.models.base import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt, codebook_by_id
+from sjd.models.base import codebook_by_id
 from sjd.models.causal_lm import CausalLMAdapter
+from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
 
 # Official Emu3 sampling prompts (baaivision/Emu3 README / image_generation.py; SJD's test_emu3.py).
 POSITIVE_SUFFIX = " masterpiece, film grained, best quality."

@@ -38,9 +38,10 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import CausalLMOutput
 
-from sjd.models.base import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Logits, Prompt, codebook_by_id
+from sjd.models.base import codebook_by_id
+from sjd.models.cache import RaggedCache
 from sjd.models.causal_lm import CausalLMAdapter
-from sjd.models.ragged_cache import RaggedCache
+from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Logits, Prompt
 
 if TYPE_CHECKING:
     from transformers import JanusProcessor, PreTrainedTokenizerBase

@@ -25,7 +25,7 @@ Cache. A `RaggedCache` over our GPT (every row's prompt is the 120 caption slots
 truncation and the `custom_mask` capability work as for the transformers models.
 
 Images. Codes decode through transformers' Janus VQ model loaded from the released `vq_ds16_t2i.pt` after a key
-rename (sjd/models/llamagen_vq.py); [-1, 1] maps to uint8 the way the sample script's `save_image` does it.
+rename (sjd/models/nets/llamagen_vq.py); [-1, 1] maps to uint8 the way the sample script's `save_image` does it.
 """
 
 from __future__ import annotations
@@ -37,20 +37,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sjd.models.base import (
-    CODE_EMBEDDINGS,
-    CUSTOM_MASK,
-    WINDOW,
-    ImageLayout,
-    Logits,
-    ModelAdapter,
-    Prompt,
-    codebook_by_id,
-)
+from sjd.models.base import ModelAdapter, codebook_by_id
+from sjd.models.cache import RaggedCache
 from sjd.models.causal_lm import RaggedRows
-from sjd.models.llamagen_gpt import LlamaGenConfig, LlamaGenGPT, load_gpt
-from sjd.models.llamagen_vq import downsample_factor, load_vq, vq_config
-from sjd.models.ragged_cache import RaggedCache
+from sjd.models.nets.llamagen_gpt import LlamaGenConfig, LlamaGenGPT, load_gpt
+from sjd.models.nets.llamagen_vq import downsample_factor, load_vq, vq_config
+from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Logits, Prompt
 
 GPT_KEY, VQ_KEY, T5_KEY = "model.adapter.weights", "model.adapter.vq_weights", "model.adapter.t5"
 _HUB_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

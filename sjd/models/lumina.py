@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import torch
 
-from sjd.models.base import ImageLayout
 from sjd.models.chameleon import ChameleonAdapter, ChameleonVocab, TextEncoder, as_encoder, chameleon_layout
 from sjd.models.chameleon import load_chameleon as _load
-from sjd.models.chameleon_vqgan import ChameleonVQGAN
+from sjd.models.nets.chameleon_vqgan import ChameleonVQGAN
+from sjd.types import ImageLayout
 
 QUESTION = "Generate an image of {width}x{height} according to the following prompt:\n{text}"
 END_OF_LINE = "<reserved08799>"

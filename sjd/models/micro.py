@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from sjd.models.base import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
 from sjd.models.causal_lm import CausalLMAdapter
-from sjd.models.noise_aware import NoiseAwareLMInputs
-from sjd.toy.noise_aware import NoiseAwareLM
+from sjd.sjd2.inputs import NoiseAwareLMInputs
+from sjd.sjd2.toy_net import NoiseAwareLM
+from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
 
 PAD, BOS, NULL, WORD_A, WORD_B = 0, 1, 2, 3, 4
 FIRST_CODE = 5

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sjd.models.base import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
 from sjd.models.causal_lm import CausalLMAdapter
 from sjd.toy.model import load_toy
 from sjd.toy.scenes import GRID
 from sjd.toy.tokenizer import CODEBOOK, N_CODES, N_IMAGE_TOKENS, ToyVocab, decode_codes
+from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "assets" / "toy"
 

@@ -24,7 +24,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from sjd.models.base import ImageLayout, ModelAdapter, Prompt
+from sjd.models.base import ModelAdapter
+from sjd.types import ImageLayout, Prompt
 
 FORMAT, VERSION, PAD = "sjd2-shard", "1", -1
 

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from sjd.prompts import PROJECT_ROOT
+from sjd.harness.prompts import PROJECT_ROOT
 
 LIBRARIES = ("torch", "transformers", "hydra-core", "omegaconf", "numpy", "pandas", "safetensors")
 

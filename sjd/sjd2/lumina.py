@@ -3,16 +3,16 @@
 SJD2's fine-tuned Lumina-mGPT was never released; `scripts/finetune_sjd2_hf.py --model lumina`
 makes the checkpoint this adapter loads: the fine-tuned model in the base checkpoint's own
 transformers format (loaded by the plain Lumina loader) plus `noise_aware.safetensors` and
-`noise_aware.json` (sjd/models/noise_path.py). Prompt, CFG rows, layout and images are
+`noise_aware.json` (sjd/sjd2/noise_path.py). Prompt, CFG rows, layout and images are
 Lumina's (sjd/models/lumina.py); every model call goes through the noise-aware input path.
 """
 
 from __future__ import annotations
 
-from sjd.models.base import EMBEDS
 from sjd.models.chameleon import WEIGHTS_KEY
 from sjd.models.lumina import QUESTION, LuminaAdapter
-from sjd.models.noise_aware import NoiseAwareInputs, open_checkpoint
+from sjd.sjd2.inputs import NoiseAwareInputs, open_checkpoint
+from sjd.types import EMBEDS
 
 FAMILY = "lumina"
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from sjd.audit import draw_samples, marginal_test
+from sjd.audit.stats import draw_samples, marginal_test
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
-from sjd.runner import build_decoders, run
-from sjd.sampling import SamplingConfig
+from sjd.harness.runner import build_decoders, run
 
 SETTINGS = (
     "window",
@@ -60,7 +60,7 @@ def run_and_audit(cfg: DictConfig, run_dir: Path, n: int, settings: tuple[str, .
                 "step_compression": s["step_compression"],
                 "latency_s": s["latency_s"],
                 "latency_speedup": s["latency_speedup"],
-                "forward_cost": s["forward_cost"],  # measured in the run (sjd.results.forward_efficiency)
+                "forward_cost": s["forward_cost"],  # measured in the run (sjd.harness.results.forward_efficiency)
                 "efficiency_run": s["efficiency"],
                 "fid": s.get("fid", float("nan")),
                 "clip": s.get("clip", float("nan")),

@@ -2,7 +2,7 @@
 
 Tokenising needs the adapter's prompt rows and layout, not its 7B weights: `tokenizing_adapter`
 builds the adapter around a model on the `meta` device (config, vocabulary and tokenizer only),
-and the VQ encoder is loaded on its own: Chameleon's VQGAN (sjd/models/chameleon_vqgan.py) for
+and the VQ encoder is loaded on its own: Chameleon's VQGAN (sjd/models/nets/chameleon_vqgan.py) for
 Lumina-mGPT, and for Emu3 transformers' `Emu3VQVAE` with the `vqmodel.*` tensors of the
 checkpoint. Images are resized (shorter side) and centre-cropped to the square resolution the
 layout expects, scaled to [-1, 1], and encoded to the code grid the model generates.
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from sjd.models.base import ModelAdapter
-from sjd.sjd2_data import image_stream, prompt_row
+from sjd.sjd2.data import image_stream, prompt_row
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def emu3_encoder(base: str, device: str = "cpu") -> VQEncoder:
 
 
 def chameleon_encoder(vqgan: str, device: str = "cpu") -> VQEncoder:
-    from sjd.models.chameleon_vqgan import load_vqgan
+    from sjd.models.nets.chameleon_vqgan import load_vqgan
 
     model = load_vqgan(vqgan, device=device)
     return VQEncoder(lambda pixels: model.encode(pixels.to(device)), model.cfg.factor)

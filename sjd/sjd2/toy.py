@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from sjd.models.noise_aware import NoiseAwareLMInputs
 from sjd.models.toy import ToyAdapter, toy_layout
-from sjd.toy.noise_aware import load_noise_aware
+from sjd.sjd2.inputs import NoiseAwareLMInputs
+from sjd.sjd2.toy_net import load_noise_aware
 from sjd.toy.tokenizer import ToyVocab
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "assets" / "toy_sjd2"

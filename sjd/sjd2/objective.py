@@ -1,6 +1,6 @@
 """SJD2's fine-tuning objective (algorithms.md §5) on a real model's noise-aware adapter.
 
-Each training sequence is a prompt row and an image stream (sjd/sjd2_data.py). With probability
+Each training sequence is a prompt row and an image stream (sjd/sjd2/data.py). With probability
 `cfg_dropout` the prompt is replaced by the adapter's unconditional row, so the model also learns
 the context CFG decodes with. With probability 1 - `clean_frac` one random segment of the stream's
 inputs is noised: every image-code input in it gets its own level in 1..L-1 and enters as

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import JanusVQVAE, JanusVQVAEConfig
 
-from sjd.models.llamagen_gpt import read_state_dict
+from sjd.models.nets.llamagen_gpt import read_state_dict
 
 # autoregressive VQ_models of tokenizer/tokenizer_image/vq_model.py; VQ-16 is the T2I tokenizer.
 VQ_SIZES: dict[str, dict] = {

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 from scipy import stats
 
+from sjd.core.sampling import SamplingConfig, logits_to_probs
 from sjd.decoders.base import Decoder
-from sjd.models.base import Logits, ModelAdapter, Prompt
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig, logits_to_probs
+from sjd.harness.provenance import make_generators
+from sjd.models.base import ModelAdapter
+from sjd.types import Logits, Prompt
 
 MIN_EXPECTED = 5.0
 

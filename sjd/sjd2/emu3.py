@@ -3,15 +3,15 @@
 SJD2's fine-tuned Emu3 was never released; `scripts/finetune_sjd2_hf.py --model emu3` makes the
 checkpoint this adapter loads: the fine-tuned model in transformers' Emu3 format (loaded by the
 plain Emu3 loader, VQ included) plus `noise_aware.safetensors` and `noise_aware.json`
-(sjd/models/noise_path.py). Prompt, CFG rows, layout and images are Emu3's (sjd/models/emu3.py);
+(sjd/sjd2/noise_path.py). Prompt, CFG rows, layout and images are Emu3's (sjd/models/emu3.py);
 every model call goes through the noise-aware input path.
 """
 
 from __future__ import annotations
 
-from sjd.models.base import EMBEDS
 from sjd.models.emu3 import CONFIG_KEY, NEGATIVE_PROMPT, POSITIVE_SUFFIX, Emu3Adapter
-from sjd.models.noise_aware import NoiseAwareInputs, open_checkpoint
+from sjd.sjd2.inputs import NoiseAwareInputs, open_checkpoint
+from sjd.types import EMBEDS
 
 FAMILY = "emu3"
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sjd.sampling import sample_from
+from sjd.core.sampling import sample_from
 
 # A residual whose mass is below this is rounding noise (p == q up to float error); the
 # draft was then accepted with probability ~1 and we fall back to sampling p itself.

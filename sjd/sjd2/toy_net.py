@@ -3,7 +3,7 @@
 SJD2 fine-tunes an AR model so that some of its inputs may be noisy token embeddings while the
 target stays the next *clean* token. The input path (unit-RMS embeddings, the rectified-flow
 noise path over N_LEVELS levels, the zero-initialised timestep embedding) is the one every
-noise-aware model shares, sjd.models.noise_path.NoisePath; the toy uses it at scale 1.
+noise-aware model shares, sjd.sjd2.noise_path.NoisePath; the toy uses it at scale 1.
 
 The module wraps the toy `LlamaForCausalLM` and feeds it `inputs_embeds`, so the transformers
 cache, masks and positions work exactly as for the plain toy model. Its checkpoint keeps the
@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from sjd.models.noise_path import N_LEVELS, NoisePath
+from sjd.sjd2.noise_path import N_LEVELS, NoisePath
 from sjd.toy.model import TEXT_CONTEXT, build_toy_model
 
 

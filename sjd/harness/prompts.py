@@ -25,9 +25,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from sjd.models.base import Prompt
+from sjd.types import Prompt
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CAPTION_KEYS = ("Prompt", "prompt", "caption", "text")
 ID_KEYS = ("id", "prompt_id", "image_id")
 

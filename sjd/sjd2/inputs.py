@@ -1,4 +1,4 @@
-"""The `embeds` capability (SJD2) for any CausalLMAdapter, through one NoisePath (sjd/models/noise_path.py).
+"""The `embeds` capability (SJD2) for any CausalLMAdapter, through one NoisePath (sjd/sjd2/noise_path.py).
 
 Every model call goes through the noise-aware input path (unit-RMS embeddings plus the
 timestep embedding), clean tokens at level 0, so AR, SJD and SJD2 all decode the same model
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from sjd.models.base import CUSTOM_MASK, EMBEDS, WINDOW, Logits
-from sjd.models.noise_path import NoisePath, load_sidecar, save_sidecar
-from sjd.toy.noise_aware import NoiseAwareLM
+from sjd.sjd2.noise_path import NoisePath, load_sidecar, save_sidecar
+from sjd.sjd2.toy_net import NoiseAwareLM
+from sjd.types import CUSTOM_MASK, EMBEDS, WINDOW, Logits
 
 RECIPE = "scripts/finetune_sjd2_hf.py"
 

@@ -15,15 +15,15 @@ model's `code_embeddings`). They trade exactness for speed; the audit measures h
   (a total-variation budget); accept iff u * q(x) < p(x) + added. On rejection, sample p with
   x and its credited neighbours removed, as LANTERN does.
 
-Pure functions, vectorised over batch and window, as sjd.verify.
+Pure functions, vectorised over batch and window, as sjd.core.verify.
 """
 
 from __future__ import annotations
 
 import torch
 
-from sjd.sampling import sample_from
-from sjd.verify import VerifyResult, residual
+from sjd.core.sampling import sample_from
+from sjd.core.verify import VerifyResult, residual
 
 
 def neighbour_table(embeddings: torch.Tensor, free: torch.Tensor, k: int) -> torch.Tensor:
@@ -79,7 +79,7 @@ def relaxed_verify(
     draft_mass: torch.Tensor,
     on_reject: torch.Tensor,
 ) -> VerifyResult:
-    """sjd.verify with the test u * draft_mass < target_mass and, at the first rejection, the
+    """sjd.core.verify with the test u * draft_mass < target_mass and, at the first rejection, the
     next token drawn from `on_reject` [B, D, V] (the bonus slot still samples p)."""
     B, D = drafts.shape
     valid = torch.arange(D, device=p.device)[None, :] < n_drafts[:, None]

@@ -3,7 +3,7 @@
 Order of work, so that bad input fails before anything expensive and nothing finished is lost:
 1. validate the config (sampling settings, decoder settings) - no model loaded yet;
 2. load and select prompts (errors name file and line);
-3. under torchrun, join the other ranks and take rank 0's run directory (sjd/distributed.py);
+3. under torchrun, join the other ranks and take rank 0's run directory (sjd/harness/distributed.py);
 4. build the model adapter (a missing checkpoint names its path and config key);
 5. check every prompt against the model (errors name the prompt id) and every decoder's
    required capabilities;
@@ -33,13 +33,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.base import Decoder, device_sync
-from sjd.distributed import DataParallel, rank_info, shard
-from sjd.models.base import ModelAdapter, Prompt
-from sjd.plots import accept_histograms
-from sjd.prompts import PromptSet, load_prompt_set, resolve_path
-from sjd.provenance import git_hash, make_generators, peak_memory_mb, prompt_seed, reset_peak_memory, versions
-from sjd.results import (
+from sjd.harness.distributed import DataParallel, rank_info, shard
+from sjd.harness.plots import accept_histograms
+from sjd.harness.prompts import PromptSet, load_prompt_set, resolve_path
+from sjd.harness.provenance import git_hash, make_generators, peak_memory_mb, prompt_seed, reset_peak_memory, versions
+from sjd.harness.results import (
     SampleWriter,
     append_results_row,
     finished_samples,
@@ -51,7 +51,8 @@ from sjd.results import (
     summarize,
     write_summary,
 )
-from sjd.sampling import SamplingConfig
+from sjd.models.base import ModelAdapter
+from sjd.types import Prompt
 
 log = logging.getLogger(__name__)
 TABLE_COLUMNS = [

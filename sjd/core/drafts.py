@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from sjd.models.base import ImageLayout
+from sjd.types import ImageLayout
 
 SCHEMES = ("random", "horizontal", "vertical", "sample_horizon")
 DISTRIBUTION_SCHEMES = ("vertical_dist",)  # need the committed p (distribution_drafts)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sjd.models.base import ImageLayout, Logits
+from sjd.types import ImageLayout, Logits
 
 
 @dataclass(frozen=True)

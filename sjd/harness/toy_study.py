@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
+from sjd.core.sampling import SamplingConfig
 from sjd.decoders.base import Decoder, DecodeResult
-from sjd.models.base import Prompt
+from sjd.harness.prompts import load_prompt_file
+from sjd.harness.provenance import make_generators
 from sjd.models.toy import ToyAdapter
-from sjd.prompts import load_prompt_file
-from sjd.provenance import make_generators
-from sjd.sampling import SamplingConfig
+from sjd.types import Prompt
 
 TOY_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "toy.tsv"
 

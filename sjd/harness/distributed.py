@@ -3,7 +3,7 @@
 `torchrun --nproc_per_node=N run.py ...` starts N copies of run.py with RANK, WORLD_SIZE and
 LOCAL_RANK set. Every rank decodes its share of the prompts into its own samples.rank{r}.jsonl in
 the one run directory that rank 0 chose; rank 0 merges the shards and writes everything else
-(sjd/runner.py). A one-process run (no WORLD_SIZE, or WORLD_SIZE=1) never starts a process group.
+(sjd/harness/runner.py). A one-process run (no WORLD_SIZE, or WORLD_SIZE=1) never starts a process group.
 
 The process group is gloo on the CPU and nccl on GPUs (rank r on cuda:LOCAL_RANK). The runner's
 own coordination (broadcasting the run directory and the finished samples, the barrier before

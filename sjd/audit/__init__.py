@@ -1,0 +1,1 @@
+"""Exactness audits: are a decoder's samples distributed as AR's?"""

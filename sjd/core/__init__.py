@@ -1,0 +1,1 @@
+"""The pure core every decoder shares: sampling, draft initialisation, verification rules."""
