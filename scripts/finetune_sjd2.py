@@ -1,4 +1,4 @@
-"""Fine-tune the shipped toy model for SJD2's next-clean-token prediction (algorithms.md §5).
+"""Fine-tune the shipped toy model for SJD2's next-clean-token prediction (docs/algorithms.md §10).
 
     python scripts/finetune_sjd2.py                        # reproduces sjd/assets/toy_sjd2 (~15 min, 2 cores)
     python scripts/finetune_sjd2.py --steps 5 --out /tmp/sjd2   # a smoke run

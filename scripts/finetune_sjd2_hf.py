@@ -1,4 +1,4 @@
-"""Fine-tune Lumina-mGPT or Emu3 for SJD2's next-clean-token prediction (algorithms.md §5): our recipe.
+"""Fine-tune Lumina-mGPT or Emu3 for SJD2's next-clean-token prediction (docs/algorithms.md §10): our recipe.
 
 SJD2's fine-tuned checkpoints were never released. This script makes the noise-aware checkpoint
 that `model=lumina_sjd2` / `model=emu3_sjd2` load, from a base checkpoint in transformers format

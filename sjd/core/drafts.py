@@ -2,9 +2,9 @@
 
 A fresh draft is a deterministic function of the generator and of tokens already known, so
 its draft distribution is a point mass q = onehot(x): verification then accepts it with
-probability p(x), and on rejection resamples from p without x (algorithms.md §10.2).
+probability p(x), and on rejection resamples from p without x (docs/algorithms.md §11.2).
 
-Schemes (SJD paper, §4.2 of algorithms.md):
+Schemes (SJD paper; docs/algorithms.md §4.3):
 - random:     a uniformly random id from the model's free image tokens;
 - horizontal: repeat the token to the left in the same row;
 - vertical:   repeat the token above (the paper's best; absent from the official code);

@@ -4,7 +4,7 @@ Both accept a draft x more often than min(1, p(x)/q(x)) by crediting x with the 
 of image codes "like" x: its nearest neighbours in the image tokenizer's latent space (the
 model's `code_embeddings`). They trade exactness for speed; the audit measures how much.
 
-- GSD (grouped speculative decoding, ICCV 2025; algorithms.md §7.2): accept iff
+- GSD (grouped speculative decoding, ICCV 2025; docs/algorithms.md §7.1): accept iff
   u * q(G) < p(G) for the group G = {x} + those of x's `neighbours` nearest codes whose
   target probability is close to x's (|p(c) - p(x)| < `p_tol`) and whose target rank is within
   `rank_radius` of x's. On rejection, the residual norm(max(0, p - q)) as in SJD.

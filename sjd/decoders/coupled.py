@@ -4,7 +4,7 @@ SJD redraws every carried draft independently from the latest p at each iteratio
 position's draft changes almost every time (SCD reports ~94%) even when p barely moved, and
 the positions after it see a new prefix again. A *coupling* keeps each new draft distributed
 exactly as p at its slot (its q, so verification stays exact) while making it equal to the old
-draft whenever it can (algorithms.md §7.1):
+draft whenever it can (docs/algorithms.md §5):
 
 - `coupling: gumbel` (SCD-GS): one Gumbel vector per absolute position, drawn once per image
   and reused at every iteration: draft = argmax(log p + g_pos). A position's Gumbel vector is

@@ -1,4 +1,4 @@
-"""Jacobi decoding (algorithms.md §3): the fixed-point iteration over a window of drafts.
+"""Jacobi decoding (docs/algorithms.md §3): the fixed-point iteration over a window of drafts.
 
 The window, drafting and commit are SJD's (sjd.decoders.sjd); only verification differs. A
 draft is accepted iff it equals the model's own sample at its slot (the arg-max under greedy,

@@ -1,4 +1,4 @@
-"""Parallel Jacobi Decoding (PJD, CVPR 2026; algorithms.md §6): 2-D drafts, one window per image row.
+"""Parallel Jacobi Decoding (PJD, CVPR 2026; docs/algorithms.md §8): 2-D drafts, one window per image row.
 
 Image row r+1 starts once row r has `context` committed codes (the paper's c). Every active
 row puts [its last committed token, its drafts] into one forward, at their true raster

@@ -1,4 +1,4 @@
-"""Speculative Jacobi Decoding (Teng et al., ICLR 2025; algorithms.md §4).
+"""Speculative Jacobi Decoding (Teng et al., ICLR 2025; docs/algorithms.md §4).
 
 Each iteration forwards a window [last committed token, d_1 .. d_{L-1}] against the cache,
 verifies the drafts left to right with the speculative rule (sjd.core.verify), commits the accepted
@@ -19,7 +19,7 @@ Choices where the paper leaves room (all config, see conf/decoder/sjd.yaml):
   keep `token` (sjd.decoders.coupled says why).
 - Batch > 1: every row commits its own accepted count and keeps its own cache length (the
   adapter's ragged cache), so each sample follows exactly the trajectory it would follow
-  alone. There is no `min over the batch` commit, hence no bias (algorithms.md §10.5).
+  alone. There is no `min over the batch` commit, hence no bias (docs/algorithms.md §4.5).
 """
 
 from __future__ import annotations

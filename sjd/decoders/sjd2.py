@@ -1,4 +1,4 @@
-"""Speculative Jacobi-Denoising Decoding (SJD2, NeurIPS 2025; algorithms.md §5).
+"""Speculative Jacobi-Denoising Decoding (SJD2, NeurIPS 2025; docs/algorithms.md §10).
 
 SJD's loop on a noise-aware fine-tuned model (the `embeds` capability): window slots that have
 no draft yet enter as pure Gaussian noise in embedding space, and every draft carried to the

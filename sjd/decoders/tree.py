@@ -1,4 +1,4 @@
-"""Branch drafting (SJD-PAC's proactive drafting, algorithms.md §7.1) on coupled SJD.
+"""Branch drafting (SJD-PAC's proactive drafting, docs/algorithms.md §6) on coupled SJD.
 
 After a rejection, the draft right after the committed residual was drawn given the rejected
 token, and it is accepted with probability sum(min(p, q)) only (a third of coupled-SJD forwards

@@ -1,4 +1,4 @@
-"""ZipAR next-set decoding (ICML 2025; algorithms.md §7.2), on PJD's row machinery.
+"""ZipAR next-set decoding (ICML 2025; docs/algorithms.md §9), on PJD's row machinery.
 
 Row r+1 starts once row r has `context` committed codes (ZipAR's "window": 8 for LlamaGen, 16
 for Lumina-mGPT); every forward then feeds each active row its last committed token at its

@@ -1,4 +1,4 @@
-"""Image pre-processing of the two evaluation families (algorithms.md §1.5), applied to real and
+"""Image pre-processing of the two evaluation families (docs/algorithms.md §1.6), applied to real and
 generated images alike before any feature network sees them.
 
 - `sjd` (SJD repo: pytorch-fid for FID, torchmetrics CLIPScore): resize to 299x299, bilinear.

@@ -11,7 +11,7 @@ the dtype minimum (it serves text generation only), so the adapter runs the back
 Prompt rows. `[BOS] + encode(question) + [end-of-turn]`, the official scripts' single-turn
 prompt (the models answer after an end-of-turn; see lumina.py and anole.py for each question).
 
-CFG. The SJD paper's construction (algorithms.md §1.4), the same for AR and every decoder: the
+CFG. The SJD paper's construction (docs/algorithms.md §1.4), the same for AR and every decoder: the
 batch is doubled, and the unconditional row of a prompt sees only the prompt's last token
 (end-of-turn) and the generated tokens, at positions 0, 1, 2, ... The official code gets this by
 masking the first prompt_len - 1 tokens of a copy of the conditional row and shifting its

@@ -21,7 +21,7 @@ exactly the `<|visual token NNNNNN|>` ids.
 
 CFG: the unconditional row is the official Emu3 negative prompt ("lowres, bad anatomy, ...",
 without the positive suffix) behind the same BOS and followed by the same image prefix, exactly
-as the official Emu3 generation script and SJD's Emu3 script build it (algorithms.md §1.3/§1.4).
+as the official Emu3 generation script and SJD's Emu3 script build it (docs/algorithms.md §1.3, §1.4).
 Conditional and negative prompts differ in length, so the rows are left-padded to one width;
 the ragged cache treats pad slots as holes and numbers each row's positions from its first real
 token (what a padded `generate` computes from the attention mask). Both branches then run as

@@ -19,8 +19,8 @@ and the final end-of-turn are forced; code positions allow exactly the 8192 imag
 CFG: SJD's batched construction (sjd.models.chameleon): the unconditional row of a prompt is its
 final end-of-turn token followed by the generated tokens, at positions 0, 1, 2, ...; both rows
 run in one forward for AR and every speculative decoder. (Upstream Lumina-mGPT instead runs a
-second unbatched forward whose context starts at begin-of-image; algorithms.md §1.4 measured that
-this gives a different image distribution, so one construction is pinned for all decoders.)
+second unbatched forward whose context starts at begin-of-image, which gives a different image
+distribution, docs/algorithms.md §1.4, so one construction is pinned for all decoders.)
 
 Checkpoints: the published repos are transformers-format Chameleon checkpoints whose q/k-norm
 tensors keep Chameleon's [model-parallel shards, head_dim] shape; they are mapped onto

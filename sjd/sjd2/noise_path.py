@@ -1,4 +1,4 @@
-"""SJD2's noise-aware input path (algorithms.md §5), for any model with an input-embedding table.
+"""SJD2's noise-aware input path (docs/algorithms.md §10), for any model with an input-embedding table.
 
 One implementation for the toy, the micro audit model and the real (Lumina-mGPT, Emu3) models:
 - Embedding normalisation: every input embedding (clean or noisy, prompt included) is scaled to

@@ -1,4 +1,4 @@
-"""SJD2's fine-tuning objective (algorithms.md §5) on a real model's noise-aware adapter.
+"""SJD2's fine-tuning objective (docs/algorithms.md §10) on a real model's noise-aware adapter.
 
 Each training sequence is a prompt row and an image stream (sjd/sjd2/data.py). With probability
 `cfg_dropout` the prompt is replaced by the adapter's unconditional row, so the model also learns

@@ -1,4 +1,4 @@
-"""The noise-aware toy model of SJD2 (algorithms.md §5): next-clean-token prediction.
+"""The noise-aware toy model of SJD2 (docs/algorithms.md §10): next-clean-token prediction.
 
 SJD2 fine-tunes an AR model so that some of its inputs may be noisy token embeddings while the
 target stays the next *clean* token. The input path (unit-RMS embeddings, the rectified-flow
