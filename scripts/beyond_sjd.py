@@ -14,8 +14,8 @@ comparators, and the Pareto picture, from one invocation.
    summary, sjd.harness.results.forward_efficiency): model time per forward against AR's, on the contexts
    actually decoded and interleaved with AR, so they move less between invocations than c_W.
 3. results/toy_beyond_sjd.{csv,md} and results/toy_pareto.png (speedup vs audit TV and vs FID).
-   The goal check (best lossless decoder >= 2x SJD's step compression at the same window,
-   audited) is printed from the table, not asserted.
+   For each window it prints the best audited lossless decoder's step compression as a multiple
+   of SJD's at the same window, and that decoder's efficiency; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ def main() -> None:
         best = lossless.loc[lossless.step_compression.idxmax()]
         print(
             f"window {window}: best audited lossless decoder {best.decoder}: {best.vs_sjd_steps:.2f}x SJD's step "
-            f"compression (goal 2x), efficiency {best.efficiency_run:.2f} in the run, {best.efficiency:.2f} with "
-            f"isolated window costs (goal 0.8)"
+            f"compression, efficiency {best.efficiency_run:.2f} in the run, {best.efficiency:.2f} with "
+            f"isolated window costs"
         )
 
 

@@ -23,7 +23,7 @@ Scale: this is a single-process full fine-tune, enough for tiny models and smoke
 full fine-tune (weights, gradients and AdamW state at ~16 bytes a parameter: over 110 GB before
 activations) needs sharded training (FSDP or DeepSpeed ZeRO) over several GPUs, which this script
 does not do. The paper's budget: 6 epochs, about 14 x 8 A100-hours (~112 A100-hours) for
-Lumina-mGPT and 26 x 8 H100-hours for Emu3. Where the paper's notes leave room we chose: noise
+Lumina-mGPT and 26 x 8 H100-hours for Emu3. Where the paper leaves room we chose: noise
 levels uniform per token (the paper samples timesteps on a Karras schedule), one noisy segment
 per sequence, prompts and forced tokens always clean, the vision tokenizer frozen.
 """

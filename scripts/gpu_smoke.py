@@ -1,4 +1,4 @@
-"""GPU smoke check (issue 4): every real architecture at its real size, random weights, through our adapters.
+"""GPU smoke check: every real architecture at its real size, random weights, through our adapters.
 
     python scripts/gpu_smoke.py [--models lumina,anole,emu3,janus,llamagen] [--out results/gpu_forward_latency.csv]
     python scripts/gpu_smoke.py --device cpu --tiny --out /tmp/gpu_smoke_tiny.csv   # the same code, tiny widths

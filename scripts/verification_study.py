@@ -1,4 +1,5 @@
-"""Token against block verification in SJD on the toy model (issue 7: more tokens per forward, losslessly).
+"""Token against block verification in SJD on the toy model: does block verification commit more
+tokens per forward, losslessly?
 
     python scripts/verification_study.py [--prompts 32] [--seeds 4] [--windows 16 64]
 

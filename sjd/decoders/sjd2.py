@@ -13,7 +13,7 @@ it, not on the clean tokens. With `denoise_steps: 1` every carried draft enters 
 conditioned on clean tokens only, and the decoder is exact (SJD with a noise-initialised
 window); the tests use that to check the loop against AR.
 
-Our choices where the paper's notes leave room (conf/decoder/sjd2.yaml): `window` counts
+Our choices where the paper leaves room (conf/decoder/sjd2.yaml): `window` counts
 forward inputs as in SJD; the level falls linearly from pure noise to clean over
 `denoise_steps` iterations; fresh noise is drawn every iteration (from each row's generator);
 grammar-forced slots get the forced token, clean, with a one-hot draft distribution.

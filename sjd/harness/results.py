@@ -183,7 +183,7 @@ def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.Dat
 
 
 def forward_efficiency(summary: pd.DataFrame, base: pd.Series) -> tuple[pd.Series, pd.Series]:
-    """What decoder bookkeeping costs, from the run itself (issue 7's efficiency).
+    """What decoder bookkeeping costs, from the run itself.
 
     forward_cost: a decoder's model time per forward over the baseline's (for an AR baseline, the
     cost of its window forward in one-token forwards, on the contexts it actually decoded, interleaved
