@@ -13,7 +13,7 @@ Order of work, so that bad input fails before anything expensive and nothing fin
    neither always runs first, save each sample's image and append the sample to samples.jsonl
    (under torchrun: to the rank's own samples.rank{r}.jsonl);
 9. (rank 0, after every rank is done) merge the samples into samples.jsonl in prompt order,
-   summarise from it, write summary.csv/json and grid.png, append to results/.
+   summarise from it, write summary.csv/json and grid.png, append to `results_csv`.
 
 Data-parallel: `torchrun --nproc_per_node=N run.py ...` (gloo on the CPU, nccl with one GPU per rank).
 """
