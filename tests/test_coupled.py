@@ -115,6 +115,7 @@ def test_audit_samples_are_the_same_at_batch_1_and_batch_25(coupling, init):
     ],
     ids=["scd-gumbel", "scd-maximal", "csjd", "csjd-gumbel", "csjd-vertical-copy"],
 )
+@pytest.mark.slow
 def test_coupled_decoders_pass_the_exact_audit(run_audit, overrides):
     report = run_audit([*overrides, "n_samples=20000"])
     assert report["lossless_expected"]
@@ -122,6 +123,7 @@ def test_coupled_decoders_pass_the_exact_audit(run_audit, overrides):
     assert report["tv_distance"] < 2 * report["ar_tv_distance"] + 0.01, report
 
 
+@pytest.mark.slow
 def test_the_audit_catches_a_kept_draft_that_keeps_its_old_q(run_audit, monkeypatch):
     """A draft kept by the continuation test is distributed as the new p; storing its old q
     instead (as one released SCD-MC file does) biases the next test, and the audit sees it."""
@@ -166,6 +168,7 @@ def test_vertical_dist_draws_from_the_committed_p_above_and_copies_the_token_abo
     assert drawn == S - 1 and copied > 0  # the next row_stride positions but the end-of-line; then copies
 
 
+@pytest.mark.slow
 def test_the_audit_catches_vertical_dist_drafts_whose_q_is_not_what_drew_them(run_audit, monkeypatch):
     """A draft drawn uniformly but verified as if drawn from the p above is biased; the audit on the
     micro model sees it, so the exactness audit above does exercise the distribution drafts."""

@@ -52,6 +52,7 @@ def one_process(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_two_ranks_write_the_samples_of_one_process(one_process, tmp_path):
     # No hydra.run.dir: each rank's Hydra names its own folder, and the ranks must still share one.
     proc = run_py(2, "save_images=true", cwd=tmp_path)
@@ -80,6 +81,7 @@ def test_two_ranks_write_the_samples_of_one_process(one_process, tmp_path):
     assert json.loads((run_dir / "meta.json").read_text())["world_size"] == 2
 
 
+@pytest.mark.slow
 def test_a_failing_rank_stops_the_job_with_its_message_and_the_run_resumes(one_process, tmp_path):
     run_dir = tmp_path / "run"
     # Rank 1 decodes toy001 and toy003 (round-robin); a directory where toy003's AR image goes makes
