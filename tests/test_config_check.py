@@ -112,3 +112,13 @@ def test_type_hints_are_matched_as_yaml_values():
     assert accepts(int | None, None) and not accepts(str, None)
     assert accepts(list[int], [1]) and not accepts(list[int], "1") and accepts(dict, {"a": 1})
     assert accepts(Path, "a/b") and accepts(object, "anything")
+
+
+def test_a_value_left_to_the_user_is_left_to_whoever_reads_it():
+    from sjd.decoders.sjd import SJDDecoder
+    from sjd.harness.config_check import check_settings
+
+    assert check_settings("decoder", {"window": "???"}, SJDDecoder.__init__) == []  # `???`: MISSING, not a type error
+    assert check_settings("decoder", {"window": "4"}, SJDDecoder.__init__) == [
+        "decoder.window='4': expected an integer (SJDDecoder.window)"
+    ]

@@ -35,6 +35,9 @@ RUN_KEYS: dict[str, tuple[Any, Callable[[Any], bool] | None, str]] = {
 }
 
 
+MISSING = "???"  # a value the config leaves to the user: whoever reads it says which key to set
+
+
 class ConfigError(ValueError):
     """A run config value that cannot work; the message names every offending key."""
 
@@ -101,7 +104,7 @@ def check_settings(key: str, values: Mapping[str, Any], fn: Callable, skip: Sequ
     hints, where = _hints(fn), getattr(fn, "__qualname__", str(fn)).replace(".__init__", "")
     problems = []
     for name, value in values.items():
-        if name.startswith("_") or name in skip:
+        if name.startswith("_") or name in skip or value == MISSING:
             continue
         if name not in params:
             if not takes_any:
@@ -155,6 +158,8 @@ def check_run_config(cfg: DictConfig) -> None:
         if key not in plain:
             continue
         value = plain[key]
+        if value == MISSING:
+            continue
         if not accepts(annotation, value):
             problems.append(f"{key}={value!r}: expected {_type_name(annotation)}")
         elif rule is not None and value is not None and not rule(value):
@@ -174,7 +179,7 @@ def check_run_config(cfg: DictConfig) -> None:
         for name, value in sampling.items():
             if name not in fields:
                 problems.append(f"model.sampling.{name}: not a sampling setting (settings: {', '.join(fields)})")
-            elif not accepts(hints[name], value):
+            elif value != MISSING and not accepts(hints[name], value):
                 problems.append(f"model.sampling.{name}={value!r}: expected {_type_name(hints[name])}")
     if problems:
         raise ConfigError("bad config value(s):\n  " + "\n  ".join(problems))
