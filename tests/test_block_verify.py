@@ -120,6 +120,7 @@ def test_block_verification_accepts_every_draft_when_q_is_p_and_stops_at_each_ro
 PROMPTS = load_prompt_file("sjd/assets/prompts/toy.tsv")[:4]
 
 
+@pytest.mark.slow
 def test_greedy_sjd_with_block_verification_equals_greedy_ar(toy):
     greedy = SamplingConfig(cfg_scale=3.0, temperature=0.0)
     ids = [p.prompt_id for p in PROMPTS]
@@ -130,6 +131,7 @@ def test_greedy_sjd_with_block_verification_equals_greedy_ar(toy):
     assert torch.equal(ar.tokens, out.tokens)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("init", ["random", "vertical_dist"])
 def test_block_verified_audit_samples_are_the_same_at_batch_1_and_batch_25(init):
     adapter, sampling = MicroAdapter(), SamplingConfig(cfg_scale=2.0)

@@ -75,6 +75,7 @@ def test_gumbel_drafts_sample_p_and_stay_put_when_p_barely_moves():
     assert (a == b).float().mean().item() > 0.9 > independent  # coupled, far above independent draws
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoder", COUPLED, ids=COUPLED_IDS)
 def test_greedy_coupled_decoders_equal_greedy_ar(toy, decoder):
     ar = ARDecoder().generate(toy, PROMPTS, GREEDY, gens(PROMPTS))
@@ -83,6 +84,7 @@ def test_greedy_coupled_decoders_equal_greedy_ar(toy, decoder):
     assert all(n < toy.layout.n_tokens for n in out.n_forward)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoder", COUPLED[:3] + COUPLED[4:], ids=COUPLED_IDS[:3] + COUPLED_IDS[4:])
 def test_sampled_coupled_decoders_keep_the_grammar(toy, decoder):
     res = decoder.generate(toy, PROMPTS, SAMPLED, gens(PROMPTS))
@@ -92,6 +94,7 @@ def test_sampled_coupled_decoders_keep_the_grammar(toy, decoder):
     assert [sum(a) for a in res.accepted] == [toy.layout.n_tokens] * len(PROMPTS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("init", ["vertical", "vertical_dist"])
 @pytest.mark.parametrize("coupling", ["gumbel", "maximal"])
 def test_audit_samples_are_the_same_at_batch_1_and_batch_25(coupling, init):
