@@ -4,11 +4,12 @@ PY    := $(VENV)/bin/python
 # The CPU wheel on this machine. On a GPU machine keep your CUDA build: make TORCH="torch" ...
 TORCH ?= torch==2.13.0
 
-.PHONY: help install run test bench report lint format train-toy clean
+.PHONY: help install run test test-fast bench report lint format train-toy clean
 
 help:
 	@echo "make run       - default benchmark: toy model, SJD vs AR (installs what it needs)"
 	@echo "make test      - the test suite (installs what it needs)"
+	@echo "make test-fast - the suite without the tests marked slow (audits, end-to-end runs): the edit loop"
 	@echo "make bench     - SJD vs AR on 32 toy prompts, window 16 (the README numbers)"
 	@echo "make report    - the toy model's per-token entropy and caption accuracy"
 	@echo "make train-toy - retrain the shipped toy checkpoint from its seed (~30 min, 2 cores)"
@@ -35,6 +36,9 @@ run: install
 
 test: install
 	$(PY) -m pytest
+
+test-fast: install
+	$(PY) -m pytest -m "not slow"
 
 bench: install
 	$(PY) run.py prompts.n=32 decoder.window=16 experiment_name=bench_toy_sjd

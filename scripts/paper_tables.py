@@ -1,6 +1,7 @@
 """Render every published table next to our measured rows: `python scripts/paper_tables.py`.
 
-Reads results/paper/published.csv and results/runs.csv (or --runs), writes
+Reads results/paper/published.csv and the runs table (--runs, default outputs/runs.csv: where
+run.py appends every run's rows, `results_csv`), writes
 results/paper/<table>.{csv,md} and prints which tables have measured rows. A table's rows are
 measured by `python run.py experiment=<table>` (see experiments/README.md), which needs the
 model's weights; tables without a run show "not run".
@@ -26,7 +27,7 @@ SHOWN = ["method", "published_steps", "measured_steps", "published_step_compress
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--published", type=Path, default=ROOT / "results" / "paper" / "published.csv")
-    ap.add_argument("--runs", type=Path, default=ROOT / "results" / "runs.csv")
+    ap.add_argument("--runs", type=Path, default=ROOT / "outputs" / "runs.csv", help="rows appended by run.py")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "paper")
     args = ap.parse_args()
     published = load_published(args.published)

@@ -48,6 +48,7 @@ def test_exact_distribution_sums_to_one_and_cfg_matters():
         "sjd2-1step",
     ],
 )
+@pytest.mark.slow
 def test_lossless_decoders_pass_the_exact_audit(run_audit, overrides):
     report = run_audit([*overrides, "n_samples=20000"])
     assert report["lossless_expected"]
@@ -55,6 +56,7 @@ def test_lossless_decoders_pass_the_exact_audit(run_audit, overrides):
     assert report["tv_distance"] < 2 * report["ar_tv_distance"] + 0.01, report
 
 
+@pytest.mark.slow
 def test_the_audit_catches_a_biased_decoder(run_audit, monkeypatch):
     """Resampling a rejected draft from p instead of norm(max(0, p - q)) - a classic slip -
     must fail the audit. (Recording a one-hot q for any draft would not: that is exact.)"""
@@ -71,6 +73,7 @@ def test_exact_test_statistics():
     assert exact_test(np.array([5400, 2800, 1800]), probs).p_value < 1e-6
 
 
+@pytest.mark.slow
 def test_lossy_decoders_report_their_distance(run_audit):
     pjd = run_audit(["decoder=pjd", "n_samples=4000"])
     assert not pjd["lossless_expected"] and pjd["decoder_config"]["context"] == 1

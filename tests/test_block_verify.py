@@ -120,6 +120,7 @@ def test_block_verification_accepts_every_draft_when_q_is_p_and_stops_at_each_ro
 PROMPTS = load_prompt_file("sjd/assets/prompts/toy.tsv")[:4]
 
 
+@pytest.mark.slow
 def test_greedy_sjd_with_block_verification_equals_greedy_ar(toy):
     greedy = SamplingConfig(cfg_scale=3.0, temperature=0.0)
     ids = [p.prompt_id for p in PROMPTS]
@@ -130,6 +131,7 @@ def test_greedy_sjd_with_block_verification_equals_greedy_ar(toy):
     assert torch.equal(ar.tokens, out.tokens)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("init", ["random", "vertical_dist"])
 def test_block_verified_audit_samples_are_the_same_at_batch_1_and_batch_25(init):
     adapter, sampling = MicroAdapter(), SamplingConfig(cfg_scale=2.0)
@@ -139,6 +141,7 @@ def test_block_verified_audit_samples_are_the_same_at_batch_1_and_batch_25(init)
     assert torch.equal(one, many)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("init", ["random", "vertical_dist"])
 def test_sjd_with_block_verification_passes_the_exact_audit(run_audit, init):
     report = run_audit(["decoder=sjd", "decoder.verification=block", f"decoder.init={init}", "n_samples=20000"])
@@ -152,6 +155,7 @@ def test_an_unknown_verification_rule_is_refused_by_name():
         SJDDecoder(verification="blocks")
 
 
+@pytest.mark.slow
 def test_the_audit_catches_block_verification_stacked_on_maximal_coupling(run_audit, monkeypatch):
     """Why coupled decoders keep the token rule: block verification's accepted length depends on
     every draft of the window, so the drafts that maximal coupling keeps for the next iteration

@@ -51,6 +51,7 @@ def test_unknown_names_list_the_options(group, name):
     assert "Available options" in proc.stderr and ("toy" in proc.stderr or "sjd" in proc.stderr)
 
 
+@pytest.mark.slow
 def test_a_sweep_through_the_submitit_local_launcher_is_collected(tmp_path):
     sweep = tmp_path / "sweep"
     proc = subprocess.run(

@@ -75,6 +75,7 @@ def test_gumbel_drafts_sample_p_and_stay_put_when_p_barely_moves():
     assert (a == b).float().mean().item() > 0.9 > independent  # coupled, far above independent draws
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoder", COUPLED, ids=COUPLED_IDS)
 def test_greedy_coupled_decoders_equal_greedy_ar(toy, decoder):
     ar = ARDecoder().generate(toy, PROMPTS, GREEDY, gens(PROMPTS))
@@ -83,6 +84,7 @@ def test_greedy_coupled_decoders_equal_greedy_ar(toy, decoder):
     assert all(n < toy.layout.n_tokens for n in out.n_forward)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoder", COUPLED[:3] + COUPLED[4:], ids=COUPLED_IDS[:3] + COUPLED_IDS[4:])
 def test_sampled_coupled_decoders_keep_the_grammar(toy, decoder):
     res = decoder.generate(toy, PROMPTS, SAMPLED, gens(PROMPTS))
@@ -92,6 +94,7 @@ def test_sampled_coupled_decoders_keep_the_grammar(toy, decoder):
     assert [sum(a) for a in res.accepted] == [toy.layout.n_tokens] * len(PROMPTS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("init", ["vertical", "vertical_dist"])
 @pytest.mark.parametrize("coupling", ["gumbel", "maximal"])
 def test_audit_samples_are_the_same_at_batch_1_and_batch_25(coupling, init):
@@ -115,6 +118,7 @@ def test_audit_samples_are_the_same_at_batch_1_and_batch_25(coupling, init):
     ],
     ids=["scd-gumbel", "scd-maximal", "csjd", "csjd-gumbel", "csjd-vertical-copy"],
 )
+@pytest.mark.slow
 def test_coupled_decoders_pass_the_exact_audit(run_audit, overrides):
     report = run_audit([*overrides, "n_samples=20000"])
     assert report["lossless_expected"]
@@ -122,6 +126,7 @@ def test_coupled_decoders_pass_the_exact_audit(run_audit, overrides):
     assert report["tv_distance"] < 2 * report["ar_tv_distance"] + 0.01, report
 
 
+@pytest.mark.slow
 def test_the_audit_catches_a_kept_draft_that_keeps_its_old_q(run_audit, monkeypatch):
     """A draft kept by the continuation test is distributed as the new p; storing its old q
     instead (as one released SCD-MC file does) biases the next test, and the audit sees it."""
@@ -166,6 +171,7 @@ def test_vertical_dist_draws_from_the_committed_p_above_and_copies_the_token_abo
     assert drawn == S - 1 and copied > 0  # the next row_stride positions but the end-of-line; then copies
 
 
+@pytest.mark.slow
 def test_the_audit_catches_vertical_dist_drafts_whose_q_is_not_what_drew_them(run_audit, monkeypatch):
     """A draft drawn uniformly but verified as if drawn from the p above is biased; the audit on the
     micro model sees it, so the exactness audit above does exercise the distribution drafts."""

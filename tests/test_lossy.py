@@ -82,6 +82,7 @@ def test_zipar_with_full_row_context_is_greedy_ar_and_with_less_context_takes_fe
     assert (short.tokens[:, forced >= 0] == forced[forced >= 0]).all()
 
 
+@pytest.mark.slow
 def test_the_audit_measures_the_relaxation(run_audit):
     """GSD with a wide group is not exact and the audit sees it; with no tolerance it is SJD."""
     loose = run_audit(["decoder=gsd", "decoder.neighbours=2", "decoder.p_tol=1.0", "n_samples=20000"])

@@ -33,6 +33,7 @@ def samples_of(run_dir: Path) -> dict:
     return keyed
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_to_the_same_samples(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     subprocess.run(command(whole), check=True, capture_output=True, cwd=ROOT)
@@ -53,6 +54,7 @@ def test_a_killed_run_resumes_to_the_same_samples(tmp_path):
     assert (killed / "summary.csv").is_file()
 
 
+@pytest.mark.slow
 def test_a_run_dir_of_another_config_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     first = subprocess.run(command(run_dir, "prompts.n=1"), capture_output=True, text=True, cwd=ROOT)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_FIELDS = {"prompt_id", "prompt", "seed", "decoder", "n_tokens", "n_forward", "latency_s", "accepted", "tokens"}
@@ -40,6 +41,7 @@ def run_py(*overrides, cwd=ROOT, env=None):
     )
 
 
+@pytest.mark.slow
 def test_default_run_writes_every_output(tmp_path):
     run_dir, results = tmp_path / "run", tmp_path / "results.csv"
     proc = run_py(f"hydra.run.dir={run_dir}", "prompts.n=3", f"results_csv={results}", "logger=wandb")
@@ -70,6 +72,7 @@ def test_default_run_writes_every_output(tmp_path):
     assert list((run_dir / "wandb").glob("offline-run-*/files/media/table/*.table.json"))
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_get_different_directories(tmp_path):
     args = [
         sys.executable,
@@ -100,6 +103,7 @@ def test_a_prompt_the_model_cannot_take_is_named_before_any_work(tmp_path):
     assert not (run_dir / "summary.csv").exists()
 
 
+@pytest.mark.slow
 def test_pjd_and_sjd2_run_end_to_end(tmp_path):
     for overrides in (["decoder=pjd"], ["model=toy_sjd2", "decoder=sjd2"]):
         name = overrides[-1].split("=")[1]

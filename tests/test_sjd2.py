@@ -79,6 +79,7 @@ def test_sjd2_without_a_noise_aware_model_is_refused_at_start(toy):
         SJD2Decoder(denoise_steps=0)
 
 
+@pytest.mark.slow
 def test_finetune_script_runs_and_writes_a_loadable_checkpoint(tmp_path):
     out = tmp_path / "ckpt"
     proc = subprocess.run(

@@ -47,6 +47,7 @@ def test_checkpoint_is_safetensors_within_budget():
     assert any(k.endswith("embed_tokens.weight") for k in state)
 
 
+@pytest.mark.slow
 def test_training_script_is_deterministic(tmp_path):
     outs = []
     for name in ("a", "b"):

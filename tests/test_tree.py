@@ -120,6 +120,7 @@ def test_siblings_are_committed_on_the_micro_model_at_the_audits_settings(one_th
     ],
     ids=["csjd-tree", "sjd-pac", "csjd-tree-gumbel", "csjd-tree-w4-vertical-dist"],
 )
+@pytest.mark.slow
 def test_branching_decoders_pass_the_exact_audit(run_audit, overrides):
     report = run_audit([*overrides, "n_samples=20000"])
     assert report["lossless_expected"]

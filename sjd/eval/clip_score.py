@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 from torchmetrics.multimodal.clip_score import CLIPScore
 
-from sjd.eval.protocols import preprocess
+from sjd.eval.protocols import LOCAL_METRIC, preprocess
 from sjd.eval.toy_clip import ToyCLIPProcessor, load_toy_clip
 
 BACKENDS = ("toy", "hf", "open_clip")
@@ -228,7 +228,7 @@ def clip_score(
     """Mean CLIP score of images [N, H, W, 3] uint8 against their captions."""
     if len(images) != len(captions):
         raise ValueError(f"clip_score: {len(images)} images but {len(captions)} captions")
-    metric = CLIPScore(model_name_or_path=clip_loader(backend, model, pretrained))
+    metric = CLIPScore(model_name_or_path=clip_loader(backend, model, pretrained), **LOCAL_METRIC)
     with torch.no_grad():
         for i in range(0, len(images), batch):
             pixels = preprocess(images[i : i + batch], protocol)

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torchmetrics.image.fid import FrechetInceptionDistance
 
-from sjd.eval.protocols import preprocess
+from sjd.eval.protocols import LOCAL_METRIC, preprocess
 from sjd.eval.toy_clip import load_toy_clip, to_pixel_values
 
 
@@ -98,7 +98,7 @@ def inception_metric(inception_weights: str | None, require_reference: bool = Tr
         torch.save(state, checked)
         try:
             return FrechetInceptionDistance(
-                feature=2048, feature_extractor_weights_path=str(checked), reset_real_features=False
+                feature=2048, feature_extractor_weights_path=str(checked), reset_real_features=False, **LOCAL_METRIC
             )
         except ModuleNotFoundError as e:
             raise ModuleNotFoundError(
@@ -113,7 +113,7 @@ def build_metric(
     require_reference_inception: bool = True,
 ):
     if extractor == "toy":
-        return FrechetInceptionDistance(feature=ToyFeatures(weights), reset_real_features=False)
+        return FrechetInceptionDistance(feature=ToyFeatures(weights), reset_real_features=False, **LOCAL_METRIC)
     if extractor == "inception":
         return inception_metric(inception_weights, require_reference_inception)
     raise ValueError(f"eval.fid.extractor must be 'toy' or 'inception', got {extractor!r}")

@@ -13,6 +13,12 @@ import numpy as np
 import torch
 from PIL import Image
 
+# torchmetrics syncs a metric's state over the default process group at compute() when one is
+# initialised. Our metrics are always computed by one process (rank 0 under torchrun, on the merged
+# samples of all ranks): the data is complete locally, and the other ranks are not there to join a
+# collective (they have finished). So no metric of ours ever syncs.
+LOCAL_METRIC = {"sync_on_compute": False, "dist_sync_on_step": False}
+
 PROTOCOLS = {"sjd": (299, Image.BILINEAR, False), "clean": (256, Image.LANCZOS, True)}
 
 

@@ -1,10 +1,11 @@
 """Our measured rows next to the published ones (results/paper/published.csv).
 
 A published table is matched to our runs by name: a run made with `experiment=<table>` records
-`experiment=<table>` in results/runs.csv, and its decoders are named as the published methods
-(`ar`, `sjd`, `pjd_c16`, ...). The latest run of each experiment is used. Ratios are ours over
-theirs for step compression and latency speedup (1.0 = reproduced); FID and CLIP are given as
-differences, and only when both sides used the same evaluation protocol.
+`experiment=<table>` in its results row (`results_csv`, default outputs/runs.csv), and its
+decoders are named as the published methods (`ar`, `sjd`, `pjd_c16`, ...). The latest run of
+each experiment is used. Ratios are ours over theirs for step compression and latency speedup
+(1.0 = reproduced); FID and CLIP are given as differences, and only when both sides used the
+same evaluation protocol.
 """
 
 from __future__ import annotations

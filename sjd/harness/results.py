@@ -203,7 +203,7 @@ def write_summary(summary: pd.DataFrame, run_dir: Path) -> None:
 
 
 def append_results_row(summary: pd.DataFrame, results_csv: Path, run_dir: Path) -> None:
-    """Append this run's rows to the tracked results table (columns are unioned)."""
+    """Append this run's rows to the runs table `results_csv` (columns are unioned)."""
     rows = summary.assign(run_dir=str(run_dir))
     if results_csv.is_file():
         rows = pd.concat([pd.read_csv(results_csv), rows], ignore_index=True)

@@ -1,7 +1,8 @@
 """One benchmark run: decoders x prompts on one model, timed side by side, written to disk.
 
 Order of work, so that bad input fails before anything expensive and nothing finished is lost:
-1. validate the config (sampling settings, decoder settings) - no model loaded yet;
+1. validate the config (types and ranges of every key, the device: sjd/harness/config_check.py; then
+   sampling and decoder settings) - no model loaded yet;
 2. load and select prompts (errors name file and line);
 3. under torchrun, join the other ranks and take rank 0's run directory (sjd/harness/distributed.py);
 4. build the model adapter (a missing checkpoint names its path and config key);
@@ -13,7 +14,7 @@ Order of work, so that bad input fails before anything expensive and nothing fin
    neither always runs first, save each sample's image and append the sample to samples.jsonl
    (under torchrun: to the rank's own samples.rank{r}.jsonl);
 9. (rank 0, after every rank is done) merge the samples into samples.jsonl in prompt order,
-   summarise from it, write summary.csv/json and grid.png, append to results/.
+   summarise from it, write summary.csv/json and grid.png, append to `results_csv`.
 
 Data-parallel: `torchrun --nproc_per_node=N run.py ...` (gloo on the CPU, nccl with one GPU per rank).
 """
@@ -35,6 +36,7 @@ from tqdm import tqdm
 
 from sjd.core.sampling import SamplingConfig
 from sjd.decoders.base import Decoder, device_sync
+from sjd.harness.config_check import check_run_config
 from sjd.harness.distributed import DataParallel, rank_info, shard
 from sjd.harness.plots import accept_histograms
 from sjd.harness.prompts import PromptSet, load_prompt_set, resolve_path
@@ -134,12 +136,9 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame | None:
     stay per-prompt measurements, but N ranks on one machine contend for its CPU cores (and memory
     bandwidth): compare latencies only between runs of the same world size (recorded in the summary).
     """
+    check_run_config(cfg)  # types, ranges and the device, naming the key, before anything is loaded
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
-    if not cfg.dist_timeout_min > 0:
-        raise ValueError(f"dist_timeout_min must be > 0, got {cfg.dist_timeout_min}")
     sampling = SamplingConfig(**OmegaConf.to_container(cfg.model.sampling))
     decoders, baseline = build_decoders(cfg)
     prompt_set = load_prompt_set(**OmegaConf.to_container(cfg.prompts))
