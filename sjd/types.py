@@ -45,6 +45,28 @@ class ImageLayout:
     def free_token_ids(self) -> torch.Tensor:
         return self.free_tokens.nonzero().flatten()
 
+    def free_columns(self, device: torch.device) -> slice | torch.Tensor:
+        """The free ids as a column index: a slice when they are one contiguous range (every
+        real model's image codes are), which reads logits without a copy; else the id tensor."""
+        return self._cached(
+            "free_columns", device, lambda: _contiguous_span(self.free_token_ids) or self.free_token_ids.to(device)
+        )
+
+    def forced_table(self, device: torch.device) -> torch.Tensor:
+        """[n_tokens + 1] long: the forced id at each position, -1 where free and for the padding row."""
+
+        def padded() -> torch.Tensor:
+            return torch.cat([self.forced, self.forced.new_full((1,), -1)]).to(device)
+
+        return self._cached("forced_table", device, padded)
+
+    def _cached(self, name: str, device: torch.device, build):
+        cache = self.__dict__.setdefault(f"_{name}", {})  # frozen dataclass: the cache bypasses __setattr__
+        key = str(device)
+        if key not in cache:
+            cache[key] = build()
+        return cache[key]
+
     def allowed_table(self, device: torch.device) -> torch.Tensor:
         """[n_tokens + 1, V] bool: the allowed ids at each position (forced ones one-hot); the
         last row, for positions past the image (window padding), allows the free ids."""
@@ -55,6 +77,12 @@ class ImageLayout:
             rows = torch.where((self.forced >= 0)[:, None], one_hot, self.free_tokens[None])
             cache[key] = torch.cat([rows, self.free_tokens[None]]).to(device)
         return cache[key]
+
+
+def _contiguous_span(ids: torch.Tensor) -> slice | None:
+    if len(ids) and int(ids[-1] - ids[0]) + 1 == len(ids):
+        return slice(int(ids[0]), int(ids[-1]) + 1)
+    return None
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The one logits pipeline every decoder uses, and sampling with per-prompt generators.
 
-logits -> CFG mix -> grammar -> temperature -> top-k / top-p -> probabilities (float32).
+logits -> grammar (free columns) -> CFG mix -> temperature -> top-k / top-p -> probabilities (float32).
 
 All functions are pure and vectorised over a window [B, W, V]. Because AR and every
 speculative decoder call the same `logits_to_probs`, "lossless" is a statement about the
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from sjd.types import ImageLayout, Logits
@@ -61,30 +62,86 @@ def grammar_mask(positions: torch.Tensor, layout: ImageLayout) -> torch.Tensor:
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+    """Mask to -inf every logit outside the top-k ids and outside the smallest top-p nucleus.
+
+    Both filters cut at a value, so ties are treated alike: every id tied with the k-th largest
+    logit is kept (more than k ids can survive), and every id tied with the last id the nucleus
+    needs is kept. The cuts are found on the k largest values only, never by a full sort."""
+    n = logits.shape[-1]
+    k = top_k if top_k is not None and top_k < n else None
+    nucleus = top_p is not None and top_p < 1.0
+    if k is None and not nucleus:
+        return logits
+    top = largest_values(logits, k if k is not None else n, ordered=nucleus)  # [..., m]
+    if k is not None:
+        kth = top[..., -1:] if nucleus else top.amin(-1, keepdim=True)
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # keep the token that crosses top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+    if nucleus:
+        # Probabilities of the sorted survivors, normalised over all of them (ties past the k-th included).
+        peak = top[..., :1]
+        total = (logits - peak).exp().sum(-1, keepdim=True)
+        p_sorted = (top - peak).exp() / total
+        needed = ((p_sorted.cumsum(-1) - p_sorted) < top_p).sum(-1, keepdim=True)  # keep the id that crosses top_p
+        cut = top.gather(-1, needed - 1)
+        logits = logits.masked_fill(logits < cut, float("-inf"))
     return logits
+
+
+def largest_values(x: torch.Tensor, m: int, ordered: bool) -> torch.Tensor:
+    """The m largest values along the last axis (descending when `ordered`).
+
+    On CPU, torch.topk with a large k (2000 of 8192) is an order of magnitude slower than numpy's
+    introselect, so the CPU path partitions with numpy; the values are the same."""
+    if x.device.type != "cpu" or x.dtype == torch.bfloat16:  # numpy has no bfloat16
+        return torch_largest_values(x, m, ordered)
+    n = x.shape[-1]
+    a = x.detach().numpy()
+    top = np.partition(a, n - m, axis=-1)[..., n - m :] if m < n else a
+    if ordered:
+        top = -np.sort(-top, axis=-1)  # descending (negation is exact)
+    return torch.from_numpy(np.ascontiguousarray(top))
+
+
+def torch_largest_values(x: torch.Tensor, m: int, ordered: bool) -> torch.Tensor:
+    if m == x.shape[-1]:
+        return torch.sort(x, dim=-1, descending=True).values if ordered else x
+    return torch.topk(x, m, dim=-1, sorted=ordered).values
 
 
 def logits_to_probs(
     logits: Logits, positions: torch.Tensor, layout: ImageLayout, sampling: SamplingConfig
 ) -> torch.Tensor:
-    """The shared pipeline: [B, W, V] logits at generated `positions` [B, W] -> probabilities."""
-    guided = cfg_mix(logits, sampling.cfg_scale).float()
-    guided = guided.masked_fill(~grammar_mask(positions, layout), float("-inf"))
+    """The shared pipeline: [B, W, V] logits at generated `positions` [B, W] -> probabilities [B, W, V].
+
+    The grammar allows either one forced id or the free ids at every position, so CFG,
+    temperature and top-k / top-p run on the free columns only (a view when the image codes are
+    one id range) and the result is scattered back: forced positions are one-hot, ids outside
+    the free set get probability 0. Equal to masking the full vocabulary first (tests keep that
+    implementation as the reference)."""
+    cols = layout.free_columns(positions.device)
+    forced = layout.forced_table(positions.device)[positions.clamp(0, layout.n_tokens)]  # [B, W], -1 = free
+    is_forced = (forced >= 0)[..., None]
+    free = Logits(logits.cond[..., cols], None if logits.uncond is None else logits.uncond[..., cols])
+    guided = cfg_mix(free, sampling.cfg_scale).float()  # [B, W, F]
+    V = logits.cond.shape[-1]
     if sampling.greedy:
-        return torch.nn.functional.one_hot(guided.argmax(-1), guided.shape[-1]).float()
+        best = free_ids(cols, guided.argmax(-1))
+        return torch.nn.functional.one_hot(torch.where(forced >= 0, forced, best), V).float()
     if sampling.temperature != 1.0:
         guided = guided / sampling.temperature
     guided = filter_top_k_top_p(guided, sampling.top_k, sampling.top_p)
-    return guided.softmax(-1)
+    compact = guided.softmax(-1).masked_fill_(is_forced, 0.0)
+    if guided.shape[-1] == V:  # every id is free
+        probs = compact
+    else:
+        probs = compact.new_zeros(*compact.shape[:-1], V)
+        probs[..., cols] = compact
+    return probs.scatter_add_(-1, forced.clamp(min=0)[..., None], is_forced.float())
+
+
+def free_ids(cols: slice | torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Vocabulary ids of positions `index` in the free columns."""
+    return index + cols.start if isinstance(cols, slice) else cols[index]
 
 
 # -- randomness: one generator per prompt, so a prompt's draws never depend on its batch --------

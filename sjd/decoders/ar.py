@@ -35,20 +35,25 @@ class ARDecoder(Decoder):
         t0 = time.perf_counter()
         logits = clock.prefill(prompts, sampling.uses_uncond)
         t_prefill = time.perf_counter() - t0
+        clock.stages.begin()
         for pos in range(layout.n_tokens):
             positions = torch.full((B, 1), pos, device=device)
             probs = logits_to_probs(logits, positions, layout, sampling)  # [B, 1, V]
+            clock.lap("pipeline")
             tokens[:, pos] = sample_rows(probs[:, 0], generators)
+            clock.lap("verify")
             if pos + 1 < layout.n_tokens:  # the last token needs no forward of its own
                 logits = clock.forward(tokens[:, pos : pos + 1], [pos] * B)
         device_sync(device)
-        total = time.perf_counter() - t0
+        decode_s = time.perf_counter() - t0 - t_prefill
 
         return DecodeResult(
             tokens=tokens.cpu(),
             n_forward=[clock.calls] * B,
             accepted=[[1] * layout.n_tokens for _ in range(B)],
             prefill_s=t_prefill,
-            decode_s=total - t_prefill,
+            decode_s=decode_s,
             model_s=clock.model_s,
+            stage_s=clock.stages.split(decode_s),
+            extras={"stage_laps": clock.stages.n_laps},
         )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_rows
+from sjd.decoders.stages import StageClock
 from sjd.models.base import ModelAdapter
 from sjd.types import WINDOW, Logits, Prompt
 
@@ -27,6 +28,7 @@ class DecodeResult:
     prefill_s: float = 0.0
     decode_s: float = 0.0  # the decode loop after prefill
     model_s: float = 0.0  # time inside model forwards (prefill included)
+    stage_s: dict[str, float] = field(default_factory=dict)  # decode_s split by stage (sjd.decoders.stages)
     extras: dict = field(default_factory=dict)
 
     @property
@@ -40,9 +42,12 @@ def device_sync(device: torch.device) -> None:
 
 
 def check_finite(logits: Logits, model: str, prompt_ids: Sequence[str], step: int) -> None:
-    """A NaN or inf logit would silently turn into a wrong token; stop and name where it came from."""
+    """A NaN or inf logit would silently turn into a wrong token; stop and name where it came from.
+
+    One reduction per branch: a finite float32 sum means every logit is finite (a NaN or inf
+    makes it NaN or inf); only a non-finite sum (or one that overflows) pays for the row scan."""
     for branch, t in (("conditional", logits.cond), ("unconditional", logits.uncond)):
-        if t is None:
+        if t is None or bool(torch.isfinite(t.sum(dtype=torch.float32))):
             continue
         bad = (~torch.isfinite(t)).flatten(1).any(1)
         if bool(bad.any()):
@@ -64,8 +69,14 @@ class ForwardClock:
         self.model_s = 0.0
         self.calls = 0
         self.prompt_ids: list[str] = []
+        self.stages = StageClock(adapter.device)
+
+    def lap(self, stage: str) -> None:
+        """The decode time since the previous lap went to `stage` (sjd.decoders.stages.STAGES)."""
+        self.stages.lap(stage)
 
     def _timed(self, fn, *args) -> Logits:
+        self.stages.lap("other")
         if self.adapter.device.type == "cuda":  # CUDA events: the GPU's own clock around the call
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -77,6 +88,7 @@ class ForwardClock:
             t0 = time.perf_counter()
             out = fn(*args)
             self.model_s += time.perf_counter() - t0
+        self.stages.lap("forward")  # the finite check below is the logits pipeline's
         self.calls += 1
         check_finite(out, self.adapter.name, self.prompt_ids, self.calls)
         return out
@@ -94,19 +106,22 @@ class ForwardClock:
         zero = torch.zeros(len(prompts), 1, dtype=torch.long, device=self.adapter.device)
         first = sample_rows(logits_to_probs(logits, zero, self.adapter.layout, sampling)[:, 0], generators)
         self.t_prefill = time.perf_counter() - self.t0
+        self.stages.begin()
         return first
 
     def finish(self, tokens: torch.Tensor, n_forward: list[int], accepted: list[list[int]]) -> DecodeResult:
         """Stop the clock (after the device is idle) and package the result."""
         device_sync(self.adapter.device)
-        total = time.perf_counter() - self.t0
+        decode_s = time.perf_counter() - self.t0 - self.t_prefill
         return DecodeResult(
             tokens=tokens.cpu(),
             n_forward=n_forward,
             accepted=accepted,
             prefill_s=self.t_prefill,
-            decode_s=total - self.t_prefill,
+            decode_s=decode_s,
             model_s=self.model_s,
+            stage_s=self.stages.split(decode_s),
+            extras={"stage_laps": self.stages.n_laps},
         )
 
     def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:
@@ -139,6 +154,10 @@ class Decoder(ABC):
                 f"decoder {self.name!r} needs model capabilities {missing}, which model "
                 f"{adapter.name!r} does not provide (it has {sorted(adapter.capabilities)})"
             )
+
+    def _lap(self, stage: str) -> None:
+        """Marks a phase that ends inside a helper method; generate() points it at its clock's lap."""
+        return None  # outside generate() there is no clock
 
     def config(self) -> dict:
         """The decoder's settings, recorded in every results row."""

@@ -147,6 +147,7 @@ class PJDDecoder(Decoder):
     ) -> DecodeResult:
         layout, device, B = adapter.layout, adapter.device, len(prompts)
         clock = ForwardClock(adapter)
+        self._lap = clock.lap
 
         first_tokens = clock.start(prompts, sampling, generators)
         states = [self._initial_state(layout, first_tokens[b], device) for b in range(B)]
@@ -156,14 +157,18 @@ class PJDDecoder(Decoder):
             plans = [self.plan(s, layout, generators[b]) for b, s in enumerate(states)]
             tokens, positions, mask = self.window_inputs(plans, states, layout.n_tokens, device)
             keep = torch.stack([s.committed for s in states])
+            clock.lap("draft")
             logits = clock.forward_at(tokens, positions, keep, mask)
             p = self.target_probs(logits, positions, layout, sampling)
+            clock.lap("pipeline")
             for b, (s, plan) in enumerate(zip(states, plans)):
                 if not plan:
                     continue
                 s.accepted.append(self.verify_and_commit(s, plan, p[b], layout, generators[b]))
+                clock.lap("verify")  # the last segment's next drafts
                 self.mark_written(s, plan, positions[b], tokens[b])
                 n_forward[b] += 1
+                clock.lap("commit")
 
         return clock.finish(torch.stack([s.tokens for s in states]), n_forward, [s.accepted for s in states])
 
@@ -324,6 +329,7 @@ class PJDDecoder(Decoder):
                 u[0, n, None],
             )
             n_acc = int(result.n_accepted)
+            self._lap("verify")  # a segment's next drafts are timed with the next lap's verify
             col = s.done[r]
             start = self._pos(layout, r, col)
             s.tokens[start : start + n_acc] = seg.drafts[:n_acc]
@@ -333,6 +339,7 @@ class PJDDecoder(Decoder):
                 take += 1
             s.committed[start : start + take] = True
             s.done[r] = col + take
+            self._lap("commit")
             # Next drafts for the slots after the commit (Jacobi update with the keep threshold).
             samples = sample_from(p_seg, u[1])
             j = torch.arange(take, min(n + 1, w - col))

@@ -102,14 +102,18 @@ class SJDDecoder(Decoder):
             if max(widths) == 0:
                 break
             inputs, drafts, q = self.draft(state, widths, layout, generators)
+            clock.lap("draft")
             # Output i of row b predicts position committed[b] + i.
             logits = clock.forward(inputs, [n - 1 for n in state.committed])
             positions = torch.as_tensor(state.committed, device=device)[:, None] + torch.arange(
                 inputs.shape[1], device=device
             )
             p = logits_to_probs(logits, positions, layout, sampling)
+            clock.lap("pipeline")
             result, samples, samples_q = self.verify(p, drafts, q, widths, generators, positions, state)
+            clock.lap("verify")
             state.commit(result, drafts, samples, p, widths, samples_q)
+            clock.lap("commit")
 
         return clock.finish(state.tokens, state.n_forward, state.accepted)
 

@@ -110,14 +110,17 @@ class SJD2Decoder(Decoder):
                 noise[b, :w] = torch.randn(w, D, generator=generators[b], device=device)
             # -- forward the noisy window ----------------------------------------------------------------
             embeds = adapter.embed(tokens, in_levels, noise)
+            clock.lap("draft")
             logits = clock.forward_embeds(embeds, in_levels, [n - 1 for n in state.committed])
             positions = torch.as_tensor(state.committed, device=device)[:, None] + torch.arange(W, device=device)
             p = logits_to_probs(logits, positions, layout, sampling)
+            clock.lap("pipeline")
             # -- verify: speculative rule up to the first slot without a draft ---------------------------
             u_accept, u_jacobi = draw_uniforms(generators, widths, W, device)
             u_final = u_accept.gather(1, n_drafts[:, None]).squeeze(1)
             result = speculative_verify(p, drafts, q, n_drafts, u_accept[:, :-1], u_final)
             samples = sample_from(p, u_jacobi)
+            clock.lap("verify")
             # -- commit, and carry the model's samples one denoising step cleaner ------------------------
             state.commit(result, drafts, samples, p, widths)
             for b in range(B):
@@ -127,5 +130,6 @@ class SJD2Decoder(Decoder):
                 old = in_levels[b, take + 1 : widths[b] + 1]  # the level each carried position entered at
                 old = torch.cat([old, torch.full((len(state.carried[b]) - len(old),), noise_level, device=device)])
                 levels[b] = self.next_level(old, noise_level)
+            clock.lap("commit")
 
         return clock.finish(state.tokens, state.n_forward, state.accepted)

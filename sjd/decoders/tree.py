@@ -94,6 +94,7 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
     ) -> DecodeResult:
         layout, device, B = adapter.layout, adapter.device, len(prompts)
         clock = ForwardClock(adapter)
+        self._lap = clock.lap
         state = self.new_state(B, layout, device)
         state.tokens[:, 0] = clock.start(prompts, sampling, generators)
         self.begin(state, layout, generators)
@@ -106,10 +107,13 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
                 break
             win = self.build_window(state, cached, widths, layout, generators)
             keep = torch.arange(layout.n_tokens, device=device)[None, :] < torch.tensor(cached, device=device)[:, None]
+            clock.lap("draft")
             logits = clock.forward_at(win.tokens, win.positions, keep, win.mask, win.transient)
             predicted = torch.where(win.positions >= 0, win.positions + 1, layout.n_tokens).clamp(max=layout.n_tokens)
             p = logits_to_probs(logits, predicted.to(device), layout, sampling)
+            clock.lap("pipeline")
             self.verify_and_commit(state, cached, branch_commits, win, p, widths, generators)
+            clock.lap("commit")
 
         result = clock.finish(state.tokens, state.n_forward, state.accepted)
         result.extras["branch_commits"] = branch_commits
@@ -231,6 +235,7 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
         samples, samples_q = self.next_drafts(
             p_chain, win.drafts, win.q, win.n_drafts, result, u["jacobi"], positions, state
         )
+        self._lap("verify")
 
         N = state.tokens.shape[1]
         for b, (j, pick) in enumerate(zip(n_acc.tolist(), picked.tolist())):

@@ -18,6 +18,9 @@ import numpy as np
 import pandas as pd
 from PIL import Image, ImageDraw
 
+from sjd.decoders.stages import STAGES
+
+STAGE_COLUMNS = [f"{stage}_frac" for stage in STAGES]
 SUMMARY_COLUMNS = [
     "model",
     "decoder",
@@ -33,6 +36,7 @@ SUMMARY_COLUMNS = [
     "outside_model_frac",
     "forward_cost",
     "efficiency",
+    *STAGE_COLUMNS,
     "mean_accepted",
     "accept_hist",
     "peak_mem_mb",
@@ -143,7 +147,14 @@ def accept_histogram(accepted_lists) -> dict[int, int]:
 
 def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.DataFrame:
     """One row per decoder. Step compression is a ratio of sums (tokens / forwards); the
-    latency speedup is the baseline's mean latency over this decoder's, on the same prompts."""
+    latency speedup is the baseline's mean latency over this decoder's, on the same prompts.
+
+    The decode wall time (after prefill) is split by stage, each a ratio of sums over the
+    decoder's samples (sjd.decoders.stages): draft_frac (window inputs, drafts and their q),
+    forward_frac (model forwards), pipeline_frac (finite check and logits -> probabilities),
+    verify_frac (acceptance, residual and next-draft sampling; AR's sample), commit_frac
+    (writing accepted tokens into the decoder state) and other_frac (the rest: loop control and
+    the laps themselves). They sum to 1 up to the device clock; NaN for samples without a split."""
     rows = []
     for decoder, df in samples.groupby("decoder", sort=False):
         hist = accept_histogram(df["accepted"])
@@ -162,6 +173,7 @@ def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.Dat
                 "image_decode_s": float(df["image_decode_s"].mean()) if "image_decode_s" in df else float("nan"),
                 "outside_model_frac": float(1 - df["model_s"].sum() / df["latency_s"].sum()),
                 "model_s": float(df["model_s"].mean()),
+                **stage_fractions(df),
                 "mean_accepted": float(sum(k * v for k, v in hist.items()) / max(n_iter, 1)),
                 "accept_hist": json.dumps(hist),
                 "peak_mem_mb": float(df["peak_mem_mb"].max()),
@@ -180,6 +192,16 @@ def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.Dat
         if key not in summary.columns:
             summary[key] = value if not isinstance(value, dict | list) else json.dumps(value, sort_keys=True)
     return summary
+
+
+def stage_fractions(df: pd.DataFrame) -> dict[str, float]:
+    """Seconds per stage summed over samples, over their summed decode seconds."""
+    if "stage_s" not in df or not all(isinstance(split, dict) and split for split in df["stage_s"]):
+        return dict.fromkeys(STAGE_COLUMNS, float("nan"))
+    decode = float(df["decode_s"].sum())
+    if decode <= 0:
+        return dict.fromkeys(STAGE_COLUMNS, float("nan"))
+    return {f"{stage}_frac": sum(split.get(stage, 0.0) for split in df["stage_s"]) / decode for stage in STAGES}
 
 
 def forward_efficiency(summary: pd.DataFrame, base: pd.Series) -> tuple[pd.Series, pd.Series]:

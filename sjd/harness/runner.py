@@ -285,6 +285,7 @@ def decode_prompts(
                         "prefill_s": result.prefill_s,
                         "decode_s": result.decode_s,
                         "model_s": result.model_s,
+                        "stage_s": result.stage_s,
                         "image_decode_s": image_decode_s,
                         "batch_size": len(group),
                         "peak_mem_mb": mem,
