@@ -84,9 +84,22 @@ def latest_run(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["run_dir"] == rows["run_dir"].iloc[-1]]
 
 
-def settings_of(config: dict) -> str:
-    described = ", ".join(f"{k}={config[k]}" for k in SETTINGS if k in config)
+def varying_settings(configs: list[dict]) -> list[str]:
+    """The SETTINGS keys whose values differ between these decoders (what tells them apart)."""
+    missing = object()
+    return [k for k in SETTINGS if len({repr(c.get(k, missing)) for c in configs}) > 1]
+
+
+def settings_of(config: dict, keys: list[str]) -> str:
+    described = ", ".join(f"{k}={config[k]}" for k in keys if k in config)
     return described or "-"
+
+
+def accepted_length_shares(accept_hist: str) -> tuple[float, float]:
+    """Share of forwards that commit one token, and share of tokens committed by forwards of more than 40."""
+    hist = {int(k): v for k, v in json.loads(accept_hist).items()}
+    tokens = sum(k * v for k, v in hist.items())
+    return hist.get(1, 0) / sum(hist.values()), sum(k * v for k, v in hist.items() if k > 40) / tokens
 
 
 def cell(value, fmt: str) -> str:
@@ -97,20 +110,31 @@ def cell(value, fmt: str) -> str:
     return format(float(value), fmt)
 
 
-def key_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """The part's table: decoder, window, settings, then every key column some row has."""
+def key_table(rows: pd.DataFrame, figure: str | None) -> pd.DataFrame:
+    """The part's table: decoder, window, the settings that tell its decoders apart, then every key
+    column some row has, step compression over SJD's when the run has a decoder named sjd, and for an
+    accept_hist study the shares of short and long accepted lengths."""
     configs = json.loads(rows["decoder_configs"].iloc[0])
+    per_row = [configs.get(d, {}) for d in rows["decoder"]]
+    baseline = rows["baseline"].iloc[0] if "baseline" in rows else None
+    keys = varying_settings([c for d, c in zip(rows["decoder"], per_row) if d != baseline])
     table = pd.DataFrame(
         {
             "decoder": rows["decoder"].tolist(),
-            "window": [configs.get(d, {}).get("window") for d in rows["decoder"]],
-            "settings": [settings_of(configs.get(d, {})) for d in rows["decoder"]],
+            "window": [str(c.get("window", "")) for c in per_row],
+            "settings": [settings_of(c, keys) for c in per_row],
         }
     )
     for column, heading, fmt in COLUMNS:
         if column in rows and rows[column].notna().any():
             table[heading] = [cell(v, fmt) for v in rows[column]]
-    table["window"] = ["" if w is None else str(w) for w in table["window"]]
+        if column == "step_compression" and "sjd" in set(rows["decoder"]):
+            sjd = float(rows.loc[rows["decoder"] == "sjd", "step_compression"].iloc[0])
+            table["vs sjd"] = [cell(v / sjd, ".2f") for v in rows["step_compression"]]
+    if figure == "accept_hist":
+        shares = [accepted_length_shares(h) for h in rows["accept_hist"]]
+        table["forwards committing 1 token"] = [cell(one, ".0%") for one, _ in shares]
+        table["tokens from forwards committing > 40"] = [cell(long, ".0%") for _, long in shares]
     return table
 
 
@@ -184,7 +208,7 @@ def render_page(page: str, results: pd.DataFrame, studies: list[Study], out_dir:
                 lines += ["Not run yet: no rows in the CSV.", ""]
                 continue
             rows = latest_run(rows)
-            lines += [describe_run(rows), "", markdown(key_table(rows)), ""]
+            lines += [describe_run(rows), "", markdown(key_table(rows, study.figure)), ""]
             if study.figure:
                 name = f"{page}_{study.experiment}_{i}_{study.figure}.png"
                 draw(study.figure, rows, out_dir / name)
