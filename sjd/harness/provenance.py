@@ -33,12 +33,14 @@ def sample_generators(seed: int, samples: list[tuple[str, int]], device: torch.d
 
 
 def run_command() -> str | None:
-    """The command line of this run as `python run.py <overrides>`, or None outside run.py (compose API)."""
+    """The command line of this run as `python run.py <overrides>`, or None outside run.py (compose API).
+    Hydra's own overrides (hydra.run.dir=..., hydra/launcher=...) are left out: they say where a run
+    goes, not what it computes, so a run resumed in a given directory names the command it completes."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
         return None
-    overrides = HydraConfig.get().overrides.task
+    overrides = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
     return " ".join(["python run.py", *overrides])
 
 
