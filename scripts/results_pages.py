@@ -28,7 +28,12 @@ from sjd.harness import plots
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATOR = "python scripts/results_pages.py"
-FIGURES = ("window", "quality", "pareto", "accept_hist")
+FIGURES = {  # figure -> the columns its rows need
+    "window": ("step_compression", "latency_speedup"),
+    "quality": ("latency_speedup", "fid", "clip"),
+    "pareto": ("latency_speedup", "audit_tv", "fid", "lossless_expected"),
+    "accept_hist": ("accept_hist", "mean_accepted"),
+}
 SETTINGS = ("init", "context", "denoise_steps", "coupling", "forced_drafts", "verification", "neighbours",
             "delta", "branches", "branch_depth", "ar_prefix")  # fmt: skip
 # (column, heading, format): the key columns, each shown where a row of the part has a value.
@@ -72,7 +77,7 @@ def load_studies(conf_dir: Path) -> dict[str, list[Study]]:
             raise ValueError(f"{path}: results_csv must be {expected_csv} for study.page {block.page!r}")
         figure = block.get("figure")
         if figure is not None and figure not in FIGURES:
-            raise ValueError(f"{where}.figure must be one of {FIGURES} or null, got {figure!r}")
+            raise ValueError(f"{where}.figure must be one of {sorted(FIGURES)} or null, got {figure!r}")
         study = Study(overlay.get("experiment_name", path.stem), block.title, " ".join(block.question.split()),
                       list(block.commands), figure)  # fmt: skip
         pages.setdefault(block.page, []).append(study)
@@ -210,6 +215,10 @@ def render_page(page: str, results: pd.DataFrame, studies: list[Study], out_dir:
             rows = latest_run(rows)
             lines += [describe_run(rows), "", markdown(key_table(rows, study.figure)), ""]
             if study.figure:
+                lacking = [c for c in FIGURES[study.figure] if c not in rows or rows[c].isna().all()]
+                if lacking:
+                    lines += [f"No {study.figure} figure: these rows have no {', '.join(lacking)}.", ""]
+                    continue
                 name = f"{page}_{study.experiment}_{i}_{study.figure}.png"
                 draw(study.figure, rows, out_dir / name)
                 lines += [f"![{study.figure}]({name})", ""]
