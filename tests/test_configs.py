@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from hydra.utils import get_class, instantiate
+from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
@@ -32,7 +33,29 @@ def test_every_experiment_composes_and_builds_its_decoders(compose_cfg, experime
     cfg = compose_cfg([f"experiment={experiment}"])
     assert cfg.experiment_name == experiment
     decoders, baseline = build_decoders(cfg)
-    assert baseline == "ar" and decoders[0].name == "ar"
+    if cfg.get("baseline") is None:  # a forwards-only study: no AR to time against
+        assert baseline is None and cfg.study is not None and not cfg.save_images
+    else:
+        assert baseline == "ar" and decoders[0].name == "ar"
+
+
+STUDY_COMMANDS = [
+    (path.stem, command)
+    for path in sorted((ROOT / "conf" / "experiment").glob("*.yaml"))
+    for command in (OmegaConf.load(path).get("study") or {}).get("commands", [])
+]
+
+
+@pytest.mark.parametrize("experiment, command", STUDY_COMMANDS, ids=[c for _, c in STUDY_COMMANDS])
+def test_every_study_command_composes_and_writes_to_its_study_csv(compose_cfg, experiment, command):
+    from sjd.harness.runner import build_decoders
+
+    words = command.split()
+    assert words[:2] == ["python", "run.py"] and words[2] == f"experiment={experiment}", command
+    cfg = compose_cfg(words[2:])
+    build_decoders(cfg)
+    assert cfg.results_csv == f"results/studies/{cfg.study.page}.csv"
+    assert cfg.experiment_name == experiment
 
 
 def test_default_config_is_toy_sjd_against_ar(compose_cfg):

@@ -123,7 +123,7 @@ def test_merge_keeps_one_line_per_sample_in_prompt_order_and_refuses_conflicts(t
     with pytest.raises(ValueError, match="different sample of decoder 'ar' on prompt 'a'"):
         merge_samples(tmp_path, ["ar", "sjd"], ["a", "b"])
     shard_file(tmp_path, 3).unlink()
-    with pytest.raises(ValueError, match=r"missing \[\('ar', 'c'\), \('sjd', 'c'\)\]"):
+    with pytest.raises(ValueError, match=r"missing \[\('ar', 'c', 0\), \('sjd', 'c', 0\)\]"):
         merge_samples(tmp_path, ["ar", "sjd"], ["a", "b", "c"])
 
 

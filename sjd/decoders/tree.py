@@ -2,7 +2,7 @@
 
 After a rejection, the draft right after the committed residual was drawn given the rejected
 token, and it is accepted with probability sum(min(p, q)) only (a third of coupled-SJD forwards
-on the toy model commit one token; scripts/branch_study.py). So at the first `branch_depth` draft
+on the toy model commit one token; experiment=toy_branch). So at the first `branch_depth` draft
 positions the window carries `branches` candidates instead of one: the chain draft c plus
 siblings s_1 .. s_{K-1} drawn *without replacement* from the same q. A sibling is a window
 slot at the chain draft's position that sees the chain before it and itself, nothing else.

@@ -26,6 +26,24 @@ def make_generators(seed: int, prompt_ids: list[str], device: torch.device) -> l
     return [torch.Generator(device=device).manual_seed(prompt_seed(seed, pid)) for pid in prompt_ids]
 
 
+def sample_generators(seed: int, samples: list[tuple[str, int]], device: torch.device) -> list[torch.Generator]:
+    """Generators for (prompt id, seed index) samples: sample k of a prompt is seeded as that prompt
+    in a run with seed + k, so seeds_per_prompt=4 holds the samples of runs with seeds seed..seed+3."""
+    return [torch.Generator(device=device).manual_seed(prompt_seed(seed + k, pid)) for pid, k in samples]
+
+
+def run_command() -> str | None:
+    """The command line of this run as `python run.py <overrides>`, or None outside run.py (compose API).
+    Hydra's own overrides (hydra.run.dir=..., hydra/launcher=...) are left out: they say where a run
+    goes, not what it computes, so a run resumed in a given directory names the command it completes."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    overrides = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    return " ".join(["python run.py", *overrides])
+
+
 def git_hash() -> str:
     try:
         out = subprocess.run(

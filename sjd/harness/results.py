@@ -92,32 +92,45 @@ def _whole_lines(path: Path, repair: bool) -> list[str]:
     return good.decode("utf-8").splitlines()
 
 
-def _key(line: str) -> tuple[str, str]:
+SampleKey = tuple[str, str, int]  # (decoder, prompt id, seed index)
+
+
+def _key(line: str) -> SampleKey:
     record = json.loads(line)
-    return record["decoder"], str(record["prompt_id"])
+    return record["decoder"], str(record["prompt_id"]), int(record.get("seed_index", 0))
 
 
-def finished_samples(run_dir: Path) -> set[tuple[str, str]]:
-    """(decoder, prompt_id) of every complete line of samples.jsonl and of the rank shards.
-    Cuts half lines off: call it only while no rank is writing."""
+def image_name(prompt_id: str, seed_index: int) -> str:
+    """A sample's image file stem: the prompt id, and its seed index when there are several."""
+    return prompt_id if seed_index == 0 else f"{prompt_id}_s{seed_index}"
+
+
+def finished_samples(run_dir: Path) -> set[SampleKey]:
+    """(decoder, prompt_id, seed_index) of every complete line of samples.jsonl and of the rank
+    shards. Cuts half lines off: call it only while no rank is writing."""
     return {_key(line) for path in sample_files(run_dir) for line in _whole_lines(path, repair=True)}
 
 
-def merge_samples(run_dir: Path, decoders: list[str], prompt_ids: list[str]) -> Path:
+def merge_samples(run_dir: Path, decoders: list[str], samples: list[str | tuple[str, int]]) -> Path:
     """Rewrite samples.jsonl with every sample of samples.jsonl and the rank shards, one line per
-    (decoder, prompt), in prompt order and then decoder order; then remove the shards.
+    (decoder, prompt, seed index), in sample order and then decoder order; then remove the shards.
+    `samples` are prompt ids (seed index 0) or (prompt id, seed index) pairs.
 
     The same line in two files (a shard and an earlier merge) is kept once; two different samples
     of one (decoder, prompt) or a missing one is an error. The file is replaced atomically, so a
     run killed while merging still holds every sample."""
-    lines: dict[tuple[str, str], str] = {}
+    lines: dict[SampleKey, str] = {}
     for path in sample_files(run_dir):
         for line in _whole_lines(path, repair=False):
             key = _key(line)
             if key in lines and lines[key] != line:
-                raise ValueError(f"{path}: a second, different sample of decoder {key[0]!r} on prompt {key[1]!r}")
+                raise ValueError(
+                    f"{path}: a second, different sample of decoder {key[0]!r} on prompt {key[1]!r} "
+                    f"(seed index {key[2]})"
+                )
             lines[key] = line
-    wanted = [(d, p) for p in prompt_ids for d in decoders]
+    keys = [s if isinstance(s, tuple) else (s, 0) for s in samples]
+    wanted = [(d, p, k) for p, k in keys for d in decoders]
     unexpected = sorted(set(lines) - set(wanted))
     missing = [k for k in wanted if k not in lines]
     if unexpected or missing:

@@ -34,17 +34,27 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from sjd.audit.in_run import audit_caption, audit_decoders
 from sjd.core.sampling import SamplingConfig
 from sjd.decoders.base import Decoder, device_sync
 from sjd.harness.config_check import check_run_config
 from sjd.harness.distributed import DataParallel, rank_info, shard
 from sjd.harness.plots import accept_histograms
 from sjd.harness.prompts import PromptSet, load_prompt_set, resolve_path
-from sjd.harness.provenance import git_hash, make_generators, peak_memory_mb, prompt_seed, reset_peak_memory, versions
+from sjd.harness.provenance import (
+    git_hash,
+    peak_memory_mb,
+    prompt_seed,
+    reset_peak_memory,
+    run_command,
+    sample_generators,
+    versions,
+)
 from sjd.harness.results import (
     SampleWriter,
     append_results_row,
     finished_samples,
+    image_name,
     make_grid,
     merge_samples,
     read_samples,
@@ -101,11 +111,24 @@ def config_fingerprint(cfg: DictConfig) -> str:
     keys = ("model", "decoder", "baseline", "extra_decoders", "prompts", "seed")
     picked = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg.get(k)) else cfg.get(k)
               for k in keys}  # fmt: skip
+    if seeds_per_prompt(cfg) != 1:  # only then, so a one-seed run keeps the fingerprint it always had
+        picked["seeds_per_prompt"] = seeds_per_prompt(cfg)
     return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def resume_point(run_dir: Path, fingerprint: str) -> set[tuple[str, str]]:
-    """The (decoder, prompt) pairs already finished in `run_dir` by a run of the same config.
+def seeds_per_prompt(cfg: DictConfig) -> int:
+    """How many samples each prompt gets (sample k seeded from (seed + k, prompt id)); validated."""
+    n = cfg.get("seeds_per_prompt", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"seeds_per_prompt must be an integer >= 1, got {n!r}")
+    return n
+
+
+Sample = tuple[Prompt, int]  # a prompt and its seed index
+
+
+def resume_point(run_dir: Path, fingerprint: str) -> set[tuple[str, str, int]]:
+    """The (decoder, prompt, seed index) samples already finished in `run_dir` by a run of the same config.
     A run directory holding another config's samples is refused: mixing them would be wrong."""
     meta_file = run_dir / "meta.json"
     if not sample_files(run_dir):
@@ -121,8 +144,8 @@ def resume_point(run_dir: Path, fingerprint: str) -> set[tuple[str, str]]:
     return done
 
 
-def batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
-    return [prompts[i : i + size] for i in range(0, len(prompts), size)]
+def batches(samples: list[Sample], size: int) -> list[list[Sample]]:
+    return [samples[i : i + size] for i in range(0, len(samples), size)]
 
 
 def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame | None:
@@ -139,6 +162,8 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame | None:
     check_run_config(cfg)  # types, ranges and the device, naming the key, before anything is loaded
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    seeds_per_prompt(cfg)
+    audit_caption(cfg)
     sampling = SamplingConfig(**OmegaConf.to_container(cfg.model.sampling))
     decoders, baseline = build_decoders(cfg)
     prompt_set = load_prompt_set(**OmegaConf.to_container(cfg.prompts))
@@ -179,6 +204,7 @@ def _run_rank(
         "prompt_file_sha256": prompt_set.sha256,
         "prompt_selection": prompt_set.selection,
         "seed": cfg.seed,
+        "seeds_per_prompt": seeds_per_prompt(cfg),
         "batch_size": cfg.batch_size,
         "sampling": OmegaConf.to_container(cfg.model.sampling),
         "decoder_configs": {d.name: d.config() for d in decoders},
@@ -188,6 +214,7 @@ def _run_rank(
         "git_hash": git_hash(),
         "versions": versions(),
         "experiment": cfg.get("experiment_name"),
+        "command": run_command(),
     }
     meta["config_fingerprint"] = config_fingerprint(cfg)
     done = None
@@ -196,14 +223,15 @@ def _run_rank(
         (run_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
     done = dp.broadcast(done)  # every rank deals the same unfinished prompts
 
-    todo = [p for p in prompt_set.prompts if any((d.name, p.prompt_id) not in done for d in decoders)]
+    every_sample = [(p, k) for p in prompt_set.prompts for k in range(seeds_per_prompt(cfg))]
+    todo = [(p, k) for p, k in every_sample if any((d.name, p.prompt_id, k) not in done for d in decoders)]
     writer = SampleWriter(run_dir, shard_file(run_dir, dp.info.rank) if dp.info.distributed else None)
     decode_prompts(cfg, adapter, decoders, sampling, shard(todo, dp.info), done, writer)
     dp.barrier("every rank has decoded its prompts")
     if not dp.info.is_main:
         return None
 
-    merge_samples(run_dir, [d.name for d in decoders], [p.prompt_id for p in prompt_set.prompts])
+    merge_samples(run_dir, [d.name for d in decoders], [(p.prompt_id, k) for p, k in every_sample])
     samples = read_samples(run_dir)
     summary = summarize(samples, baseline, meta)
     if eval_cfg:
@@ -211,6 +239,8 @@ def _run_rank(
 
         quality = evaluate(eval_cfg, samples, adapter, resolve_path("outputs/cache"))
         summary = summary.merge(quality, on="decoder", how="left")
+    if audit_caption(cfg):
+        summary = summary.merge(audit_decoders(cfg, adapter, decoders, sampling), on="decoder", how="left")
     write_summary(summary, run_dir)
     accept_histograms(summary, run_dir / "accept_hist.png")
     if cfg.save_images:
@@ -221,7 +251,7 @@ def _run_rank(
     logger = instantiate(cfg.logger)
     logger.log_run(run_dir, summary, samples, OmegaConf.to_container(cfg, resolve=True))
 
-    shown = TABLE_COLUMNS + [c for c in ("fid", "clip") if c in summary.columns]
+    shown = TABLE_COLUMNS + [c for c in ("fid", "clip", "audit_tv", "audit_p") if c in summary.columns]
     table = summary[shown].to_string(index=False, float_format=lambda x: f"{x:.3f}")
     world = f", {dp.info.world_size} ranks" if dp.info.distributed else ""
     print(f"\n{adapter.name} on {prompt_set.name} ({prompt_set.selection}{world}), run dir {run_dir}\n{table}")
@@ -233,32 +263,33 @@ def decode_prompts(
     adapter: ModelAdapter,
     decoders: list[Decoder],
     sampling: SamplingConfig,
-    prompts: list[Prompt],
-    done: set[tuple[str, str]],
+    samples: list[Sample],
+    done: set[tuple[str, str, int]],
     writer: SampleWriter,
 ) -> None:
-    """Warm up, then decode `prompts` batch by batch with every decoder, skipping finished (decoder,
-    prompt) pairs, and append each sample (after its image) through `writer`."""
-    groups = batches(prompts, cfg.batch_size)
+    """Warm up, then decode `samples` (prompt, seed index) batch by batch with every decoder, skipping
+    finished (decoder, prompt, seed index) samples, and append each (after its image) through `writer`."""
+    groups = batches(samples, cfg.batch_size)
     for d in decoders:  # warm-up: first use of kernels and allocator, not recorded
         for group in groups[: max(0, cfg.warmup)]:
-            gens = make_generators(cfg.seed, [p.prompt_id for p in group], adapter.device)
-            d.generate(adapter, group, sampling, gens)
+            gens = sample_generators(cfg.seed, [(p.prompt_id, k) for p, k in group], adapter.device)
+            d.generate(adapter, [p for p, _ in group], sampling, gens)
 
-    todo = sum((d.name, p.prompt_id) not in done for d in decoders for p in prompts)
+    todo = sum((d.name, p.prompt_id, k) not in done for d in decoders for p, k in samples)
     progress = tqdm(total=todo, desc="decoding", unit="image", disable=None)
     for i, full_group in enumerate(groups):
         order = decoders if i % 2 == 0 else decoders[::-1]
         for d in order:
             # Resuming: only the prompts this decoder has not finished. A prompt's tokens do not
             # depend on its batch, so the resumed run ends with the same samples.
-            group = [p for p in full_group if (d.name, p.prompt_id) not in done]
+            group = [(p, k) for p, k in full_group if (d.name, p.prompt_id, k) not in done]
             if not group:
                 continue
-            ids = [p.prompt_id for p in group]
+            ids = [(p.prompt_id, k) for p, k in group]
             reset_peak_memory(adapter.device)
             try:
-                result = d.generate(adapter, group, sampling, make_generators(cfg.seed, ids, adapter.device))
+                gens = sample_generators(cfg.seed, ids, adapter.device)
+                result = d.generate(adapter, [p for p, _ in group], sampling, gens)
             except torch.cuda.OutOfMemoryError as e:
                 raise RuntimeError(
                     f"out of GPU memory decoding prompts {ids} with decoder {d.name!r} (batch_size={cfg.batch_size}, "
@@ -270,14 +301,15 @@ def decode_prompts(
             images = adapter.decode_images(result.tokens) if cfg.save_images else None
             device_sync(adapter.device)
             image_decode_s = (time.perf_counter() - t_images) / len(group) if cfg.save_images else float("nan")
-            for b, prompt in enumerate(group):
+            for b, (prompt, k) in enumerate(group):
                 if images is not None:  # the image first: a sample on record always has its image
-                    writer.save_image(d.name, prompt.prompt_id, images[b])
+                    writer.save_image(d.name, image_name(prompt.prompt_id, k), images[b])
                 writer.write(
                     {
                         "prompt_id": prompt.prompt_id,
                         "prompt": prompt.text,
-                        "seed": prompt_seed(cfg.seed, prompt.prompt_id),
+                        "seed_index": k,
+                        "seed": prompt_seed(cfg.seed + k, prompt.prompt_id),
                         "decoder": d.name,
                         "n_tokens": adapter.layout.n_tokens,
                         "n_forward": result.n_forward[b],
