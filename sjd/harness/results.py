@@ -21,6 +21,7 @@ from PIL import Image, ImageDraw
 SUMMARY_COLUMNS = [
     "model",
     "decoder",
+    "schedule",
     "n_prompts",
     "n_tokens",
     "n_forward",
@@ -152,6 +153,7 @@ def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.Dat
             {
                 "model": meta["model"],
                 "decoder": decoder,
+                "schedule": meta.get("decoder_configs", {}).get(decoder, {}).get("schedule", ""),  # "" for AR
                 "n_prompts": len(df),
                 "n_tokens": float(df["n_tokens"].mean()),
                 "n_forward": float(df["n_forward"].mean()),
