@@ -55,10 +55,11 @@ class CoupledSJDDecoder(SJDDecoder):
         ar_prefix: int = 1,
         ar_suffix: int = 0,
         forced_drafts: bool = True,
+        schedule: str = "harness",
     ) -> None:
         if coupling not in COUPLINGS:
             raise ValueError(f"decoder.coupling must be one of {COUPLINGS}, got {coupling!r}")
-        super().__init__(name, window, init, ar_prefix, ar_suffix, forced_drafts)
+        super().__init__(name, window, init, ar_prefix, ar_suffix, forced_drafts, schedule=schedule)
         self.coupling = coupling
 
     def begin(self, state: WindowState, layout: ImageLayout, generators: Sequence[torch.Generator]) -> None:

@@ -21,9 +21,17 @@ from sjd.decoders.sjd import SJDDecoder, draw_uniforms
 
 class JacobiDecoder(SJDDecoder):
     def __init__(
-        self, name: str = "jacobi", window: int = 16, init: str = "random", ar_prefix: int = 1, ar_suffix: int = 0
+        self,
+        name: str = "jacobi",
+        window: int = 16,
+        init: str = "random",
+        ar_prefix: int = 1,
+        ar_suffix: int = 0,
+        schedule: str = "harness",
     ) -> None:
-        super().__init__(name=name, window=window, init=init, ar_prefix=ar_prefix, ar_suffix=ar_suffix)
+        super().__init__(
+            name=name, window=window, init=init, ar_prefix=ar_prefix, ar_suffix=ar_suffix, schedule=schedule
+        )
         self.verification = "exact_match"  # recorded with the results: Jacobi's rule, not SJD's
 
     def verify(

@@ -50,6 +50,7 @@ class RelaxedSJDDecoder(SJDDecoder):
         delta: float = 0.1,
         ar_prefix: int = 1,
         ar_suffix: int = 0,
+        schedule: str = "harness",
     ) -> None:
         if acceptance not in RULES:
             raise ValueError(f"decoder.acceptance must be one of {RULES}, got {acceptance!r}")
@@ -58,7 +59,7 @@ class RelaxedSJDDecoder(SJDDecoder):
                 "decoder.neighbours must be >= 1 and decoder.rank_radius, decoder.p_tol, decoder.delta >= 0, "
                 f"got {neighbours}, {rank_radius}, {p_tol}, {delta}"
             )
-        super().__init__(name, window, init, ar_prefix, ar_suffix)
+        super().__init__(name, window, init, ar_prefix, ar_suffix, schedule=schedule)
         self.verification = "relaxed"  # recorded with the results: `acceptance` replaces SJD's rule
         self.acceptance, self.neighbours = acceptance, neighbours
         self.p_tol, self.rank_radius, self.delta = p_tol, rank_radius, delta

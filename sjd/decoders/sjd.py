@@ -9,8 +9,10 @@ after the commit as the next drafts, with the distribution they were drawn from 
 Choices where the paper leaves room (all config, see conf/decoder/sjd.yaml):
 - `window` counts forward inputs, so at most `window` tokens are committed per forward;
   near the end of the image it shrinks to the tokens left.
-- `ar_prefix` / `ar_suffix`: generated positions below `ar_prefix`, or in the last
-  `ar_suffix`, are decoded one token per forward, as the official code's jacobi_loop_interval.
+- `schedule` (sjd.core.schedule): `harness` windows are `window` wide, one token per forward at
+  generated positions below `ar_prefix` or in the last `ar_suffix`; `official` is the official
+  sampler's loop (Jacobi only inside the model family's [l, r), a window capped at r, sized from
+  the row's length one iteration back), for reproducing the papers' tables.
 - Drafts at grammar-forced positions are the forced token (one-hot q): lossless, and it avoids
   the certain rejection a random draft meets there (`forced_drafts=false` turns it off, for ablations).
 - `verification: block` decides the accepted length for the window jointly (sjd.core.verify.block_verify,
@@ -31,6 +33,7 @@ import torch
 
 from sjd.core.drafts import DISTRIBUTION_SCHEMES, SCHEMES, distribution_drafts, fresh_drafts, one_hot
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
+from sjd.core.schedule import WindowSchedule, check_schedule, make_schedule
 from sjd.core.verify import VerifyResult, block_verify
 from sjd.core.verify import verify as speculative_verify
 from sjd.decoders.base import WINDOW_CAPABILITY, Decoder, DecodeResult, ForwardClock
@@ -52,6 +55,7 @@ class SJDDecoder(Decoder):
         ar_suffix: int = 0,
         forced_drafts: bool = True,
         verification: str = "token",
+        schedule: str = "harness",
     ) -> None:
         if window < 1:
             raise ValueError(f"decoder.window must be >= 1, got {window}")
@@ -61,22 +65,26 @@ class SJDDecoder(Decoder):
             raise ValueError(f"decoder.ar_prefix must be >= 1 and decoder.ar_suffix >= 0, got {ar_prefix}, {ar_suffix}")
         if verification not in VERIFICATIONS:
             raise ValueError(f"decoder.verification must be one of {VERIFICATIONS}, got {verification!r}")
+        check_schedule(schedule)
         self.name, self.window, self.init = name, window, init
         self.ar_prefix, self.ar_suffix = ar_prefix, ar_suffix
         self.forced_drafts = forced_drafts
         self.verification = verification
+        self.schedule = schedule
 
-    def window_for(self, committed: int, n_tokens: int) -> int:
-        """Forward inputs for a row with `committed` tokens (0 when it is complete)."""
-        remaining = n_tokens - committed
-        if remaining <= 0:
-            return 0
-        if committed < self.ar_prefix or committed >= n_tokens - self.ar_suffix:
-            return 1
-        return min(self.window, remaining)
+    def window_schedule(self, adapter: ModelAdapter) -> WindowSchedule:
+        """The window rule on this model (the official one follows the adapter's model family)."""
+        family = adapter.official_schedule
+        return make_schedule(self.schedule, self.window, self.ar_prefix, self.ar_suffix, adapter.layout, family)
+
+    @staticmethod
+    def widths(schedule: WindowSchedule, state: WindowState) -> list[int]:
+        """Forward inputs for each row this iteration (0 for a complete row)."""
+        return [schedule.width(n, prev) for n, prev in zip(state.committed, state.previous)]
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
+        self.window_schedule(adapter)  # an unknown official family fails at start-up
         if self.window > adapter.layout.n_tokens:
             raise ValueError(
                 f"decoder.window={self.window} is larger than the {adapter.layout.n_tokens} tokens "
@@ -93,12 +101,13 @@ class SJDDecoder(Decoder):
         layout, device, B = adapter.layout, adapter.device, len(prompts)
         clock = ForwardClock(adapter)
         state = self.new_state(B, layout, device)
+        schedule = self.window_schedule(adapter)
 
         state.tokens[:, 0] = clock.start(prompts, sampling, generators)  # prefill: the first token as in AR
         self.begin(state, layout, generators)
 
         while True:
-            widths = [self.window_for(n, layout.n_tokens) for n in state.committed]
+            widths = self.widths(schedule, state)
             if max(widths) == 0:
                 break
             inputs, drafts, q = self.draft(state, widths, layout, generators)
@@ -220,6 +229,7 @@ class WindowState:
 
     tokens: torch.Tensor  # [B, N]
     committed: list[int]
+    previous: list[int]  # committed before the last commit (0 before the prefill's token)
     carried: list[torch.Tensor]  # drafts for positions committed[b], committed[b] + 1, ...
     carried_q: list[torch.Tensor]  # ... and the distributions they were drawn from
     accepted: list[list[int]]
@@ -233,6 +243,7 @@ class WindowState:
         return cls(
             tokens=torch.empty(B, N, dtype=torch.long, device=device),
             committed=[1] * B,
+            previous=[0] * B,
             carried=[torch.empty(0, dtype=torch.long, device=device)] * B,
             carried_q=[torch.empty(0, V, device=device)] * B,
             accepted=[[1] for _ in range(B)],
@@ -269,7 +280,7 @@ class WindowState:
             self.tokens[b, n + n_acc] = result.next_token[b]
             take = n_acc + 1
             self.remember_p(b, n, p[b, :take])
-            self.committed[b] = n + take
+            self.previous[b], self.committed[b] = n, n + take
             self.carried[b], self.carried_q[b] = samples[b, take : widths[b]], samples_q[b, take : widths[b]]
             self.last_p[b] = p[b, n_acc]  # the residual's source; its arg-max is what sample_horizon wants
             self.accepted[b].append(take)

@@ -39,13 +39,21 @@ class SJD2Decoder(Decoder):
     lossless = False
 
     def __init__(
-        self, name: str = "sjd2", window: int = 32, denoise_steps: int = 2, ar_prefix: int = 1, ar_suffix: int = 0
+        self,
+        name: str = "sjd2",
+        window: int = 32,
+        denoise_steps: int = 2,
+        ar_prefix: int = 1,
+        ar_suffix: int = 0,
+        schedule: str = "harness",
     ) -> None:
         if denoise_steps < 1:
             raise ValueError(f"decoder.denoise_steps must be >= 1, got {denoise_steps}")
-        self._windows = SJDDecoder(window=window, ar_prefix=ar_prefix, ar_suffix=ar_suffix)  # validates them
+        # SJD's window rules (and their validation); SJD2's official code is unreleased, and its authors'
+        # SJD sampler is the one it extends, so `official` is SJD's rule (sjd.core.schedule).
+        self._windows = SJDDecoder(window=window, ar_prefix=ar_prefix, ar_suffix=ar_suffix, schedule=schedule)
         self.name, self.window, self.denoise_steps = name, window, denoise_steps
-        self.ar_prefix, self.ar_suffix = ar_prefix, ar_suffix
+        self.ar_prefix, self.ar_suffix, self.schedule = ar_prefix, ar_suffix, schedule
         self.lossless = denoise_steps == 1
 
     def check(self, adapter: ModelAdapter) -> None:
@@ -77,10 +85,11 @@ class SJD2Decoder(Decoder):
         levels = [torch.empty(0, dtype=torch.long, device=device)] * B  # of the carried drafts
         forced = layout.forced.to(device)
 
+        schedule = self._windows.window_schedule(adapter)
         state.tokens[:, 0] = clock.start(prompts, sampling, generators)
 
         while True:
-            widths = [self._windows.window_for(n, layout.n_tokens) for n in state.committed]
+            widths = SJDDecoder.widths(schedule, state)
             if max(widths) == 0:
                 break
             W = max(widths)

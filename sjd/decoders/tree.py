@@ -77,12 +77,13 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
         ar_prefix: int = 1,
         ar_suffix: int = 0,
         forced_drafts: bool = True,
+        schedule: str = "harness",
     ) -> None:
         if branches < 1 or branch_depth < 0:
             raise ValueError(
                 f"decoder.branches must be >= 1 and decoder.branch_depth >= 0, got {branches}, {branch_depth}"
             )
-        super().__init__(name, window, init, coupling, ar_prefix, ar_suffix, forced_drafts)
+        super().__init__(name, window, init, coupling, ar_prefix, ar_suffix, forced_drafts, schedule)
         self.branches, self.branch_depth = branches, branch_depth
 
     def generate(
@@ -96,13 +97,14 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
         clock = ForwardClock(adapter)
         self._lap = clock.lap
         state = self.new_state(B, layout, device)
+        schedule = self.window_schedule(adapter)
         state.tokens[:, 0] = clock.start(prompts, sampling, generators)
         self.begin(state, layout, generators)
         cached = [0] * B  # generated positions below cached[b] hold their committed token's K/V
         branch_commits = [0] * B  # forwards whose committed token was a sibling (reported in extras)
 
         while True:
-            widths = [self.window_for(n, layout.n_tokens) for n in state.committed]
+            widths = self.widths(schedule, state)
             if max(widths) == 0:
                 break
             win = self.build_window(state, cached, widths, layout, generators)
@@ -258,7 +260,7 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
                 take = j + 1
                 state.last_p[b] = p_chain[b, j]
             cached[b] = n + j  # lead-in and accepted chain drafts were written with their tokens
-            state.committed[b] = n + take
+            state.previous[b], state.committed[b] = n, n + take
             width = int(win.n_drafts[b]) + 1
             state.carried[b], state.carried_q[b] = samples[b, take:width], samples_q[b, take:width]
             state.accepted[b].append(take)

@@ -24,6 +24,7 @@ STAGE_COLUMNS = [f"{stage}_frac" for stage in STAGES]
 SUMMARY_COLUMNS = [
     "model",
     "decoder",
+    "schedule",
     "n_prompts",
     "n_tokens",
     "n_forward",
@@ -176,6 +177,7 @@ def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.Dat
             {
                 "model": meta["model"],
                 "decoder": decoder,
+                "schedule": meta.get("decoder_configs", {}).get(decoder, {}).get("schedule", ""),  # "" for AR
                 "n_prompts": len(df),
                 "n_tokens": float(df["n_tokens"].mean()),
                 "n_forward": float(df["n_forward"].mean()),

@@ -41,6 +41,7 @@ class AnoleAdapter(ChameleonAdapter):
     """Anole: instruction + end-of-turn in, begin-of-image, codes, end-of-image out."""
 
     title = "Anole"
+    official_schedule = "anole"
 
     def __init__(
         self,

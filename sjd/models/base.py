@@ -33,6 +33,9 @@ class ModelAdapter(ABC):
     capabilities: frozenset[str] = frozenset({WINDOW})
     layout: ImageLayout
     device: torch.device
+    # Which rule of the official SJD scripts sets the Jacobi interval under decoder.schedule=official
+    # (sjd.core.schedule.official_interval); `generic` for models the official code never ran.
+    official_schedule: str = "generic"
 
     @abstractmethod
     def prefill(self, prompts: Sequence[Prompt], with_uncond: bool) -> Logits:

@@ -170,6 +170,7 @@ class Emu3Adapter(CausalLMAdapter):
     """Emu3-Gen: text prompt + image-size prefix in, h x (w + EOL) codes + EOF, EOI, EOS out."""
 
     capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
+    official_schedule = "emu3"
 
     def code_embeddings(self) -> torch.Tensor:
         """The VQ codebook entry of every image code, at its vocabulary id (GSD, LANTERN-style)."""

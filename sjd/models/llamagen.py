@@ -112,6 +112,7 @@ class LlamaGenAdapter(RaggedRows, ModelAdapter):
     """LlamaGen T2I. Build with the constructor (checkpoint files) or `from_parts` (built modules)."""
 
     capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
+    official_schedule = "llamagen"
 
     def code_embeddings(self) -> torch.Tensor:
         """The VQ-16 codebook (stream ids are codebook indices) for GSD, LANTERN-style."""

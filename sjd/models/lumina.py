@@ -56,6 +56,7 @@ class LuminaAdapter(ChameleonAdapter):
     """Lumina-mGPT: question + end-of-turn in, begin-of-image ... end-of-turn out (module docstring)."""
 
     title = "Lumina-mGPT"
+    official_schedule = "lumina"
 
     def __init__(
         self,
