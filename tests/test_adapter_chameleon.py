@@ -1,20 +1,23 @@
-"""The Lumina-mGPT and Anole adapters on a tiny random `ChameleonForConditionalGeneration` (CPU, fp32):
-prompt and CFG rows, layouts, raw (unmasked) logits, cache equivalence, the q/k-norm layout of
-Lumina's checkpoints, greedy speculative decoders against AR, image decoding and loading errors."""
+"""The Lumina-mGPT and Anole adapters on a tiny random `ChameleonForConditionalGeneration` (CPU, fp32).
+
+The adapter contract (tests/adapter_contract.py) runs on both; here are what only Chameleon has:
+prompt and CFG rows, layouts, raw (unmasked) logits, the q/k-norm layout of Lumina's checkpoints,
+its VQGAN, and its loading paths."""
 
 import inspect
 
 import numpy as np
 import pytest
 import torch
+from adapter_contract import AdapterContract, DecodersOnAdapterContract, LoadsWeightsContract, gens
 from safetensors.torch import load_file, save_file
 
 from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.jacobi import JacobiDecoder
 from sjd.decoders.pjd import PJDDecoder
+from sjd.decoders.relaxed import RelaxedSJDDecoder
 from sjd.decoders.sjd import SJDDecoder
-from sjd.harness.provenance import make_generators
 from sjd.models.anole import AnoleAdapter
 from sjd.models.chameleon import qk_norm_to_transformers, state_dict_to_transformers
 from sjd.models.lumina import LuminaAdapter
@@ -32,7 +35,6 @@ LUMINA_TOKENS = 3 + 4 * 7 + 2
 ANOLE_H, ANOLE_W = 5, 4
 ANOLE_TOKENS = 1 + ANOLE_H * ANOLE_W + 1
 PROMPTS = [Prompt("p0", "a red fox in the snow"), Prompt("p1", "two cats")]
-GREEDY = SamplingConfig(cfg_scale=3.0, temperature=0.0)
 SAMPLED = SamplingConfig(cfg_scale=3.0, temperature=1.0, top_k=20)
 VQ = VQGANConfig(n_embed=N_CODES, embed_dim=4, z_channels=8, ch=32, ch_mult=(1, 2), num_res_blocks=1, resolution=32)
 
@@ -103,21 +105,24 @@ def anole():
     return AnoleAdapter.from_model(tiny_chameleon(seed=2), encode, ANOLE_H, ANOLE_W, vqgan=tiny_vqgan())
 
 
-def gens(prompts, seed=0):
-    return make_generators(seed, [p.prompt_id for p in prompts], torch.device("cpu"))
-
-
-def fresh(model, row, generated):
-    """Uncached backbone + lm_head logits of one unpadded row + generated tokens; output i
-    predicts generated position i."""
+def fresh(model, row, generated, positions=None):
+    """Uncached backbone + lm_head logits of one unpadded row + generated tokens (at generated
+    `positions`, by default 0, 1, ...); output i predicts generated position i."""
+    T = len(row)
     ids = torch.cat([torch.tensor(row), generated])[None]
+    at = torch.arange(len(generated)) if positions is None else torch.as_tensor(positions)
     with torch.no_grad():
-        return model.lm_head(model.model(input_ids=ids).last_hidden_state)[0, len(row) - 1 :].float()
+        hidden = model.model(input_ids=ids, position_ids=torch.cat([torch.arange(T), T + at])[None]).last_hidden_state
+        return model.lm_head(hidden)[0, T - 1 :].float()
 
 
 def lumina_row(text: str) -> list[int]:
     question = f"Generate an image of {32 * W_GRIDS}x{32 * H_GRIDS} according to the following prompt:\n{text}"
     return [BOS, *encode(question), EOT]
+
+
+def anole_row(text: str) -> list[int]:
+    return [BOS, *encode(f"Generate an image of {text}"), EOT]
 
 
 # -- prompts and layouts -------------------------------------------------------------------------
@@ -127,7 +132,7 @@ def test_prompt_rows_and_the_sjd_unconditional_rows(lumina, anole):
     assert lengths == [len(r) for r in rows]
     for row, real in zip(ids, rows):
         assert row[len(row) - len(real) :].tolist() == real
-    assert anole.row_ids("a cat") == [BOS, *encode("Generate an image of a cat"), EOT]
+    assert anole.row_ids("a cat") == anole_row("a cat")
 
 
 def test_layouts_force_every_special_token():
@@ -156,28 +161,6 @@ def test_logits_are_the_backbone_through_lm_head_with_image_logits_unmasked(lumi
     others = torch.ones(len(ours), dtype=torch.bool)
     others[codes] = False
     torch.testing.assert_close(ours[others], library[others], atol=1e-5, rtol=0)
-
-
-def test_cached_windows_match_fresh_computations_with_cfg_rows(lumina):
-    rows = [lumina_row(p.text) for p in PROMPTS] + [[EOT], [EOT]]
-    seq = torch.randint(CODE0, CODE0 + N_CODES, (2, 30), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        first = lumina.prefill(PROMPTS, with_uncond=True)
-        none = torch.empty(0, dtype=torch.long)
-        for b in range(2):
-            torch.testing.assert_close(first.cond[b, 0], fresh(lumina.model, rows[b], none)[0], atol=2e-4, rtol=0)
-            torch.testing.assert_close(first.uncond[b, 0], fresh(lumina.model, [EOT], none)[0], atol=2e-4, rtol=0)
-        out = lumina.forward(seq[:, :12], [0, 0])
-        for b in range(2):
-            torch.testing.assert_close(out.cond[b], fresh(lumina.model, rows[b], seq[b, :12])[1:], atol=2e-4, rtol=0)
-            torch.testing.assert_close(out.uncond[b], fresh(lumina.model, [EOT], seq[b, :12])[1:], atol=2e-4, rtol=0)
-        lumina.truncate([5, 9])  # ragged rows: 5 and 9 generated positions kept
-        window = torch.stack([seq[0, 5:11], seq[1, 9:15]])
-        out = lumina.forward(window, [5, 9])
-        for b, n in enumerate([5, 9]):
-            gen = torch.cat([seq[b, :n], window[b]])
-            torch.testing.assert_close(out.cond[b], fresh(lumina.model, rows[b], gen)[n + 1 :], atol=2e-4, rtol=0)
-            torch.testing.assert_close(out.uncond[b], fresh(lumina.model, [EOT], gen)[n + 1 :], atol=2e-4, rtol=0)
 
 
 # -- Lumina's q/k-norm layout --------------------------------------------------------------------
@@ -243,74 +226,6 @@ def test_a_lumina_checkpoint_directory_loads_with_its_vqgan(tmp_path, lumina):
     assert np.array_equal(loaded.decode_images(tokens), square.decode_images(tokens))
 
 
-# -- decoders ------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "decoder",
-    [SJDDecoder(window=4), SJDDecoder(window=9, init="vertical"), JacobiDecoder(window=6), PJDDecoder(4, 4, 6)],
-    ids=["sjd4", "sjd9v", "jacobi6", "pjd-full-row-context"],
-)
-def test_lumina_greedy_speculative_decoders_equal_greedy_ar(lumina, decoder):
-    ar = ARDecoder().generate(lumina, PROMPTS, GREEDY, gens(PROMPTS))
-    res = decoder.generate(lumina, PROMPTS, GREEDY, gens(PROMPTS, seed=7))
-    assert torch.equal(ar.tokens, res.tokens)
-    assert [sum(a) for a in res.accepted] == [LUMINA_TOKENS] * len(PROMPTS)
-    assert all(n < LUMINA_TOKENS for n in res.n_forward)  # windows did commit several tokens
-
-
-@pytest.mark.parametrize("decoder", [SJDDecoder(window=5), JacobiDecoder(window=4)], ids=["sjd5", "jacobi4"])
-def test_anole_greedy_speculative_decoders_equal_greedy_ar(anole, decoder):
-    """Every forward is a multi-token window against the cache. (A random model with no forced
-    token inside the image almost never matches a draft, so the windows mostly commit one token;
-    the Lumina test above shows multi-token commits.)"""
-    ar = ARDecoder().generate(anole, PROMPTS, GREEDY, gens(PROMPTS))
-    res = decoder.generate(anole, PROMPTS, GREEDY, gens(PROMPTS, seed=3))
-    assert torch.equal(ar.tokens, res.tokens)
-    assert [sum(a) for a in res.accepted] == [ANOLE_TOKENS] * len(PROMPTS)
-
-
-@pytest.mark.parametrize("init", ["random", "vertical"])
-def test_anole_greedy_pjd_with_full_row_context_equals_greedy_ar(anole, init):
-    """Anole has no end-of-line token: row r is anchored on row r-1's last code, which is committed when a row
-    starts only after the row above is complete (context = the width)."""
-    ar = ARDecoder().generate(anole, PROMPTS, GREEDY, gens(PROMPTS))
-    res = PJDDecoder(window=3, context=ANOLE_W, init=init).generate(anole, PROMPTS, GREEDY, gens(PROMPTS, seed=3))
-    assert torch.equal(ar.tokens, res.tokens)
-    assert [sum(a) for a in res.accepted] == [ANOLE_TOKENS] * len(PROMPTS)
-
-
-def test_anole_pjd_with_a_short_context_keeps_the_grammar(anole):
-    """Context 2: a row starts on a draft of the last code above. Begin/end of image stay forced, every code
-    is an image code committed once, the rows overlap (fewer forwards than AR's one per token, although this
-    random model rarely accepts a draft), and a prompt's tokens do not depend on its batch."""
-    pjd = PJDDecoder(window=3, context=2)
-    res = pjd.generate(anole, PROMPTS, SAMPLED, gens(PROMPTS))
-    tokens = res.tokens
-    assert (tokens[:, 0] == BOI).all() and (tokens[:, -1] == EOI).all()
-    assert ((tokens[:, 1:-1] >= CODE0) & (tokens[:, 1:-1] < CODE0 + N_CODES)).all()
-    assert [sum(a) for a in res.accepted] == [ANOLE_TOKENS] * len(PROMPTS)
-    assert all(n < ANOLE_TOKENS for n in res.n_forward)  # AR: the prefill + ANOLE_TOKENS - 1 forwards
-    assert torch.equal(pjd.generate(anole, PROMPTS[1:], SAMPLED, gens(PROMPTS[1:])).tokens, tokens[1:])
-
-
-@pytest.mark.parametrize("decoder", [ARDecoder(), SJDDecoder(window=8)], ids=["ar", "sjd"])
-def test_special_tokens_sit_where_the_layout_says(lumina, anole, decoder):
-    tokens = decoder.generate(lumina, PROMPTS, SAMPLED, gens(PROMPTS)).tokens
-    assert (tokens[:, :3] == torch.tensor([BOI, SIZE0 - 1 + H_GRIDS, SIZE0 - 1 + W_GRIDS])).all()
-    grid = tokens[:, 3:-2].reshape(2, 4, 7)
-    assert (grid[..., 6] == EOL).all() and ((grid[..., :6] >= CODE0) & (grid[..., :6] < CODE0 + N_CODES)).all()
-    assert (tokens[:, -2] == EOI).all() and (tokens[:, -1] == EOT).all()
-
-    tokens = decoder.generate(anole, PROMPTS, SAMPLED, gens(PROMPTS)).tokens
-    assert (tokens[:, 0] == BOI).all() and (tokens[:, -1] == EOI).all()
-    assert ((tokens[:, 1:-1] >= CODE0) & (tokens[:, 1:-1] < CODE0 + N_CODES)).all()
-
-
-def test_a_prompts_tokens_do_not_depend_on_its_batch(lumina):
-    batch = SJDDecoder(window=6).generate(lumina, PROMPTS, SAMPLED, gens(PROMPTS)).tokens
-    alone = SJDDecoder(window=6).generate(lumina, PROMPTS[1:], SAMPLED, gens(PROMPTS[1:])).tokens
-    assert torch.equal(batch[1:], alone)
-
-
 # -- images --------------------------------------------------------------------------------------
 def test_decode_images_reads_the_codes_and_maps_pixels_to_uint8(lumina):
     codes = torch.randint(0, N_CODES, (2, 4, 6), generator=torch.Generator().manual_seed(4))
@@ -328,31 +243,7 @@ def test_decode_images_reads_the_codes_and_maps_pixels_to_uint8(lumina):
         lumina.image_codes(tokens)
 
 
-def test_code_embeddings_are_the_vqgan_codebook_at_each_codes_id_and_gsd_runs(lumina):
-    from sjd.decoders.relaxed import RelaxedSJDDecoder
-
-    table = lumina.code_embeddings()
-    codebook = lumina.vqgan.quantize.embedding.weight
-    assert torch.equal(table[CODE0 + torch.arange(N_CODES)], codebook.detach().float())
-    gsd = RelaxedSJDDecoder(window=6, acceptance="gsd", neighbours=4, p_tol=1.0)
-    gsd.check(lumina)
-    tokens = gsd.generate(lumina, PROMPTS, SAMPLED, gens(PROMPTS)).tokens
-    forced = lumina.layout.forced
-    assert (tokens[:, forced >= 0] == forced[forced >= 0]).all()
-
-
 # -- loading errors and configs -------------------------------------------------------------------
-@pytest.mark.parametrize("adapter, name", [(LuminaAdapter, "lumina"), (AnoleAdapter, "anole")])
-def test_missing_weights_name_the_model_path_and_config_key(tmp_path, adapter, name):
-    missing = tmp_path / f"{name}-weights"
-    with pytest.raises(FileNotFoundError, match=r"model\.adapter\.weights") as err:
-        adapter(weights=str(missing))
-    assert name in str(err.value) and str(missing) in str(err.value)
-    missing.mkdir()
-    with pytest.raises(FileNotFoundError, match=r"config\.json.*model\.adapter\.weights"):
-        adapter(weights=str(missing))
-
-
 def test_images_without_a_vqgan_name_the_config_key():
     with pytest.warns(UserWarning, match=r"model\.adapter\.vqgan"):
         assert LuminaAdapter.vqgan_from(None, "lumina", torch.device("cpu")) is None
@@ -368,3 +259,87 @@ def test_model_configs_match_their_adapter(compose_cfg, model, cls):
     assert adapter.pop("_target_") == f"{cls.__module__}.{cls.__name__}"
     inspect.signature(cls).bind(**adapter, device="cpu")  # every key is a constructor argument
     assert cfg.model.sampling.cfg_scale == 3.0 and cfg.model.sampling.top_k == 2000
+
+
+# -- the adapter contract --------------------------------------------------------------------------
+class ChameleonContract(AdapterContract, DecodersOnAdapterContract, LoadsWeightsContract):
+    """What Lumina and Anole share: prompt rows built here from the spec, the one-token
+    unconditional row, and the VQGAN's codebook at ids CODE0 + i."""
+
+    prompts = PROMPTS
+    sampled = SAMPLED
+    empty_checkpoint_detail = r"config\.json.*model\.adapter\.weights"
+
+    def row(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def fresh_logits(self, adapter, row, generated, positions=None):
+        B = len(self.prompts)
+        ids = self.row(self.prompts[row].text) if row < B else [EOT]  # uncond: the last prompt token only
+        return fresh(adapter.model, ids, generated, positions)
+
+    def codebook(self, adapter):
+        return CODE0 + torch.arange(N_CODES), adapter.vqgan.quantize.embedding.weight
+
+
+class TestLumina(ChameleonContract):
+    adapter_class, model_name = LuminaAdapter, "lumina"
+    greedy_decoders = {
+        "sjd4": SJDDecoder(window=4),
+        "sjd9v": SJDDecoder(window=9, init="vertical"),
+        "jacobi6": JacobiDecoder(window=6),
+        "pjd-full-row-context": PJDDecoder(window=4, context=6),
+    }
+    sampled_decoders = {
+        "ar": ARDecoder(),
+        "sjd8": SJDDecoder(window=8),
+        "gsd-wide": RelaxedSJDDecoder(window=6, acceptance="gsd", neighbours=4, p_tol=1.0),
+    }
+
+    @pytest.fixture
+    def adapter(self, lumina):
+        return lumina
+
+    def row(self, text):
+        return lumina_row(text)
+
+    def image_size(self, adapter):
+        return 4 * VQ.factor, 6 * VQ.factor
+
+    def check_speed(self, name, sampling, result, n_tokens):
+        if sampling.greedy:  # the forced end-of-line tokens give drafts to accept
+            assert all(n < n_tokens for n in result.n_forward)
+
+
+class TestAnole(ChameleonContract):
+    """A random model with no forced token inside the image almost never matches a draft, so the
+    greedy windows mostly commit one token (Lumina shows multi-token commits). Anole has no
+    end-of-line token: with context = the width, row r is anchored on row r-1's committed last
+    code, and PJD equals AR; with context 2 a row starts on a draft of the last code above."""
+
+    adapter_class, model_name = AnoleAdapter, "anole"
+    greedy_decoders = {
+        "sjd5": SJDDecoder(window=5),
+        "jacobi4": JacobiDecoder(window=4),
+        "pjd-full-row-context": PJDDecoder(window=3, context=ANOLE_W),
+        "pjd-full-row-context-vertical": PJDDecoder(window=3, context=ANOLE_W, init="vertical"),
+    }
+    sampled_decoders = {
+        "ar": ARDecoder(),
+        "sjd8": SJDDecoder(window=8),
+        "pjd-short-context": PJDDecoder(window=3, context=2),
+    }
+
+    @pytest.fixture
+    def adapter(self, anole):
+        return anole
+
+    def row(self, text):
+        return anole_row(text)
+
+    def image_size(self, adapter):
+        return ANOLE_H * VQ.factor, ANOLE_W * VQ.factor
+
+    def check_speed(self, name, sampling, result, n_tokens):
+        if name == "pjd-short-context":  # the rows overlap: fewer forwards than AR's one per token
+            assert all(n < n_tokens for n in result.n_forward)

@@ -1,17 +1,21 @@
-"""The Emu3 adapter on a tiny random `Emu3ForConditionalGeneration`: cache equivalence with CFG rows
-of different prompt lengths, AR against the library's own `generate`, greedy SJD / Jacobi against
-AR, the grammar, image decoding and the missing-weights error."""
+"""The Emu3 adapter on a tiny random `Emu3ForConditionalGeneration`: the adapter contract
+(tests/adapter_contract.py) with CFG rows of different prompt lengths and AR against the library's
+own `generate`; here, Emu3's prompt rows, layout and loading path."""
 
-import numpy as np
 import pytest
 import torch
+from adapter_contract import (
+    AdapterContract,
+    DecodersOnAdapterContract,
+    LibraryGenerateContract,
+    LoadsWeightsContract,
+    fresh_causal_lm,
+)
 
-from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.jacobi import JacobiDecoder
 from sjd.decoders.pjd import PJDDecoder
 from sjd.decoders.sjd import SJDDecoder
-from sjd.harness.provenance import make_generators
 from sjd.models.emu3 import NEGATIVE_PROMPT, Emu3Adapter
 from sjd.types import Prompt
 
@@ -21,8 +25,6 @@ CODE0, N_CODES = 100, 64  # visual token i is id 100 + i
 H, W = 3, 5  # a non-square code grid
 N_TOKENS = H * (W + 1) + 3
 PROMPTS = [Prompt("p0", "a red fox in the snow"), Prompt("p1", "two cats")]
-GREEDY = SamplingConfig(cfg_scale=3.0, temperature=0.0)
-SAMPLED = SamplingConfig(cfg_scale=3.0, temperature=1.0, top_k=20)
 
 
 def encode(text: str) -> list[int]:
@@ -85,20 +87,14 @@ def emu3():
     return Emu3Adapter.from_model(tiny_emu3(), encode, height=H, width=W)
 
 
-def gens(prompts, seed=0):
-    return make_generators(seed, [p.prompt_id for p in prompts], torch.device("cpu"))
-
-
-def _fresh(adapter, row_ids, generated):
-    """Uncached logits of one unpadded prompt row + generated tokens, at the generated positions
-    (output i predicts generated position i)."""
-    ids = torch.cat([torch.tensor(row_ids), generated])[None]
-    with torch.no_grad():
-        return adapter.model(input_ids=ids).logits[0, len(row_ids) - 1 :].float()
+def cfg_rows(emu3) -> list[list[int]]:
+    """The CFG batch's rows unpadded: each caption with the positive suffix, then the negative prompt."""
+    return [emu3.row_ids(p.text + emu3.positive_suffix) for p in PROMPTS] + [emu3.row_ids(NEGATIVE_PROMPT)] * 2
 
 
 def test_prompt_rows_and_layout_follow_emu3(emu3):
     ids, lengths = emu3.prompt_batch(PROMPTS, with_uncond=True)
+    assert [ids[r, ids.shape[1] - n :].tolist() for r, n in enumerate(lengths)] == cfg_rows(emu3)
     size = encode(f"{H}*{W}")
     for row, n in zip(ids, lengths):
         real = row[len(row) - n :].tolist()
@@ -117,68 +113,6 @@ def test_prompt_rows_and_layout_follow_emu3(emu3):
     assert layout.free_token_ids.tolist() == list(range(CODE0, CODE0 + N_CODES))
 
 
-def test_cached_windows_match_uncached_forward_with_ragged_prompts(emu3):
-    _, lengths = emu3.prompt_batch(PROMPTS, with_uncond=True)
-    rows = [emu3.row_ids(p.text + emu3.positive_suffix) for p in PROMPTS] + [emu3.row_ids(NEGATIVE_PROMPT)] * 2
-    assert [len(r) for r in rows] == lengths
-    seq = torch.randint(CODE0, CODE0 + N_CODES, (2, 30), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        first = emu3.prefill(PROMPTS, with_uncond=True)
-        for b in range(2):
-            torch.testing.assert_close(first.cond[b, 0], _fresh(emu3, rows[b], seq[b, :0])[0], atol=2e-4, rtol=0)
-            torch.testing.assert_close(first.uncond[b, 0], _fresh(emu3, rows[2 + b], seq[b, :0])[0], atol=2e-4, rtol=0)
-        out = emu3.forward(seq[:, :12], [0, 0])
-        for b in range(2):
-            torch.testing.assert_close(out.cond[b], _fresh(emu3, rows[b], seq[b, :12])[1:], atol=2e-4, rtol=0)
-        # Row 0 keeps 5 generated positions, row 1 keeps 9: holes on top of the left padding.
-        emu3.truncate([5, 9])
-        window = torch.stack([seq[0, 5:11], seq[1, 9:15]])
-        out = emu3.forward(window, [5, 9])
-        for b, n in enumerate([5, 9]):
-            gen = torch.cat([seq[b, :n], window[b]])
-            torch.testing.assert_close(out.cond[b], _fresh(emu3, rows[b], gen)[n + 1 :], atol=2e-4, rtol=0)
-            torch.testing.assert_close(out.uncond[b], _fresh(emu3, rows[2 + b], gen)[n + 1 :], atol=2e-4, rtol=0)
-        # Rewind row 0 into its last window and continue with other tokens.
-        out = emu3.forward(torch.stack([seq[0, 20:24], seq[1, 15:19]]), [7, 15])
-        gen = torch.cat([seq[0, :5], window[0, :2], seq[0, 20:24]])
-        torch.testing.assert_close(out.cond[0], _fresh(emu3, rows[0], gen)[8:], atol=2e-4, rtol=0)
-        torch.testing.assert_close(out.uncond[0], _fresh(emu3, rows[2], gen)[8:], atol=2e-4, rtol=0)
-
-
-def _fresh_at(adapter, row_ids, tokens, positions):
-    """Uncached logits of one unpadded prompt row + tokens at generated `positions` (increasing)."""
-    T = len(row_ids)
-    ids = torch.cat([torch.tensor(row_ids), tokens])[None]
-    pos = torch.cat([torch.arange(T), T + torch.as_tensor(positions)])[None]
-    with torch.no_grad():
-        return adapter.model(input_ids=ids, position_ids=pos).logits[0, T:].float()
-
-
-def test_custom_mask_window_matches_fresh_computations_with_ragged_prompts(emu3):
-    """The `custom_mask` capability (PJD's window) on left-padded CFG rows: two segments of row 0,
-    the second seeing only the first one's committed anchor, and one causal segment of row 1."""
-    rows = [emu3.row_ids(p.text + emu3.positive_suffix) for p in PROMPTS] + [emu3.row_ids(NEGATIVE_PROMPT)] * 2
-    tok = torch.randint(CODE0, CODE0 + N_CODES, (2, 7), generator=torch.Generator().manual_seed(1))
-    positions = torch.tensor([[0, 1, 2, 3, 9, 10, 11], [0, 1, 2, 3, 4, 5, -1]])
-    segment = torch.tensor([[0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, -1]])
-    committed = torch.zeros(2, 7, dtype=torch.bool)
-    committed[:, 0] = True
-    idx = torch.arange(7)
-    own = (segment[:, :, None] == segment[:, None, :]) & (idx[:, None] >= idx[None, :]) & (segment[:, :, None] >= 0)
-    mask = own | (committed[:, None, :] & (positions[:, None, :] < positions[:, :, None]))
-    with torch.no_grad():
-        emu3.prefill(PROMPTS, with_uncond=True)
-        out = emu3.forward_at(tok, positions, torch.zeros(2, N_TOKENS, dtype=torch.bool), mask)
-    for b in range(2):
-        for branch, row in ((out.cond[b], rows[b]), (out.uncond[b], rows[2 + b])):
-            ref = _fresh_at(emu3, row, tok[b, :4], [0, 1, 2, 3])
-            torch.testing.assert_close(branch[:4], ref, atol=2e-4, rtol=0)
-    ref = _fresh_at(emu3, rows[0], tok[0, [0, 4, 5, 6]], [0, 9, 10, 11])
-    torch.testing.assert_close(out.cond[0, 4:], ref[1:], atol=2e-4, rtol=0)
-    ref = _fresh_at(emu3, rows[3], tok[1, :6], list(range(6)))
-    torch.testing.assert_close(out.uncond[1, :6], ref, atol=2e-4, rtol=0)
-
-
 def _emu3_prefix_allowed_tokens(batch_id: int, ids: torch.Tensor) -> list[int]:
     """Emu3's generation constraint as its model card writes it for `generate`, counted from the
     `<|image token|>` that closes the prompt (independent of our layout, which it checks)."""
@@ -187,84 +121,6 @@ def _emu3_prefix_allowed_tokens(batch_id: int, ids: torch.Tensor) -> list[int]:
     if offset <= body:
         return [EOL] if offset % (W + 1) == 0 else list(range(CODE0, CODE0 + N_CODES))
     return {body + 1: [EOF], body + 2: [EOI], body + 3: [EOS]}.get(offset, [PAD])
-
-
-def test_greedy_ar_equals_the_librarys_generate(emu3):
-    """`model.generate` with Emu3's documented CFG (`negative_prompt_ids`, guidance_scale) and its
-    prefix constraint. Differences from our pipeline, and why the comparison is still exact:
-    - the library's UnbatchedClassifierFreeGuidanceLogitsProcessor mixes log-softmaxed logits,
-      s * (log p_c - log p_u) + log p_u; ours mixes raw logits. The two differ by a constant per
-      row, so softmax and arg-max are the same; its order (CFG, then the constraint) is ours;
-    - it runs the negative branch as a second, unpadded forward with its own cache, while we pad
-      and batch it; positions count from each row's first real token in both (generate derives
-      them from the attention mask), so the logits agree to rounding;
-    - we pass our negative row (negative prompt + the image prefix, as the official Emu3 script
-      builds it) as `negative_prompt_ids`, so both branches see the same context."""
-    ar = ARDecoder().generate(emu3, PROMPTS, GREEDY, gens(PROMPTS))
-    rows = [emu3.row_ids(p.text + emu3.positive_suffix) for p in PROMPTS]
-    T = max(len(r) for r in rows)
-    input_ids = torch.tensor([[PAD] * (T - len(r)) + r for r in rows])
-    attention_mask = (torch.arange(T)[None] >= torch.tensor([T - len(r) for r in rows])[:, None]).long()
-    negative = torch.tensor([emu3.row_ids(NEGATIVE_PROMPT)] * len(PROMPTS))
-    with torch.no_grad():
-        out = emu3.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            negative_prompt_ids=negative,
-            negative_prompt_attention_mask=torch.ones_like(negative),
-            guidance_scale=GREEDY.cfg_scale,
-            prefix_allowed_tokens_fn=_emu3_prefix_allowed_tokens,
-            do_sample=False,
-            max_new_tokens=N_TOKENS,
-            eos_token_id=EOS,
-            pad_token_id=PAD,
-        )
-    library = out[:, T:]
-    assert library.shape == ar.tokens.shape
-    assert torch.equal(library, ar.tokens)
-
-
-@pytest.mark.parametrize(
-    "decoder",
-    [
-        SJDDecoder(window=4),
-        SJDDecoder(window=9, init="vertical"),
-        JacobiDecoder(window=6),
-        PJDDecoder(window=4, context=W),
-    ],
-    ids=["sjd4", "sjd9v", "jacobi6", "pjd-full-context"],
-)
-def test_greedy_speculative_decoders_equal_greedy_ar(emu3, decoder):
-    ar = ARDecoder().generate(emu3, PROMPTS, GREEDY, gens(PROMPTS))
-    res = decoder.generate(emu3, PROMPTS, GREEDY, gens(PROMPTS, seed=7))
-    assert torch.equal(ar.tokens, res.tokens)
-    assert [sum(a) for a in res.accepted] == [N_TOKENS] * len(PROMPTS)
-    assert all(n < N_TOKENS for n in res.n_forward)  # windows did commit several tokens
-
-
-@pytest.mark.parametrize("decoder", [ARDecoder(), SJDDecoder(window=8)], ids=["ar", "sjd"])
-def test_special_tokens_sit_where_the_layout_says(emu3, decoder):
-    tokens = decoder.generate(emu3, PROMPTS, SAMPLED, gens(PROMPTS)).tokens
-    body = H * (W + 1)
-    for r in range(H):
-        assert (tokens[:, r * (W + 1) + W] == EOL).all()
-    assert (tokens[:, body] == EOF).all() and (tokens[:, body + 1] == EOI).all() and (tokens[:, body + 2] == EOS).all()
-    codes = tokens[:, :body].reshape(-1, H, W + 1)[..., :W]
-    assert ((codes >= CODE0) & (codes < CODE0 + N_CODES)).all()
-
-
-def test_a_prompts_tokens_do_not_depend_on_its_batch(emu3):
-    """Left padding depends on the batch; the tokens must not."""
-    batch = ARDecoder().generate(emu3, PROMPTS, SAMPLED, gens(PROMPTS)).tokens
-    alone = ARDecoder().generate(emu3, PROMPTS[1:], SAMPLED, gens(PROMPTS[1:])).tokens
-    assert torch.equal(batch[1:], alone)
-
-
-def test_decode_images_gives_uint8_pixels(emu3):
-    tokens = ARDecoder().generate(emu3, PROMPTS, SAMPLED, gens(PROMPTS)).tokens
-    images = emu3.decode_images(tokens)
-    factor = emu3.model.model.vqmodel.spatial_scale_factor
-    assert images.shape == (2, H * factor, W * factor, 3) and images.dtype == np.uint8
 
 
 def test_a_local_checkpoint_directory_loads_offline(tmp_path):
@@ -287,18 +143,63 @@ def test_a_local_checkpoint_directory_loads_offline(tmp_path):
         Emu3Adapter(weights=str(tmp_path), resolution=9)
 
 
-def test_missing_weights_name_the_model_path_and_config_key(tmp_path):
-    missing = tmp_path / "emu3-weights"
-    with pytest.raises(FileNotFoundError, match="model.adapter.weights") as err:
-        Emu3Adapter(weights=str(missing))
-    assert "emu3" in str(err.value) and str(missing) in str(err.value)
-    missing.mkdir()  # a directory without a checkpoint
-    with pytest.raises(FileNotFoundError, match=r"config\.json.*model\.adapter\.weights"):
-        Emu3Adapter(weights=str(missing))
+class TestEmu3(AdapterContract, DecodersOnAdapterContract, LibraryGenerateContract, LoadsWeightsContract):
+    prompts = PROMPTS
+    adapter_class, model_name = Emu3Adapter, "emu3"
+    empty_checkpoint_detail = r"config\.json.*model\.adapter\.weights"
+    greedy_decoders = {
+        "sjd4": SJDDecoder(window=4),
+        "sjd9v": SJDDecoder(window=9, init="vertical"),
+        "jacobi6": JacobiDecoder(window=6),
+        "pjd-full-context": PJDDecoder(window=4, context=W),
+    }
+    sampled_decoders = {"ar": ARDecoder(), "sjd8": SJDDecoder(window=8)}
 
+    @pytest.fixture
+    def adapter(self, emu3):
+        return emu3
 
-def test_code_embeddings_are_the_vq_codebook_at_each_codes_id(emu3):
-    table = emu3.code_embeddings()
-    codebook = emu3.model.model.vqmodel.quantize.embedding.weight.detach().float()
-    assert torch.equal(table[emu3.vocab.code_ids], codebook)
-    assert table[~emu3.layout.free_tokens].abs().sum() == 0
+    def fresh_logits(self, adapter, row, generated, positions=None):
+        return fresh_causal_lm(adapter.model, cfg_rows(adapter)[row], generated, positions)
+
+    def image_size(self, adapter):
+        factor = adapter.model.model.vqmodel.spatial_scale_factor
+        return H * factor, W * factor
+
+    def codebook(self, adapter):
+        return CODE0 + torch.arange(N_CODES), adapter.model.model.vqmodel.quantize.embedding.weight
+
+    def check_speed(self, name, sampling, result, n_tokens):
+        if sampling.greedy:  # windows did commit several tokens
+            assert all(n < n_tokens for n in result.n_forward)
+
+    def library_greedy(self, emu3, sampling):
+        """`model.generate` with Emu3's documented CFG (`negative_prompt_ids`, guidance_scale) and its
+        prefix constraint. Differences from our pipeline, and why the comparison is still exact:
+        - the library's UnbatchedClassifierFreeGuidanceLogitsProcessor mixes log-softmaxed logits,
+          s * (log p_c - log p_u) + log p_u; ours mixes raw logits. The two differ by a constant per
+          row, so softmax and arg-max are the same; its order (CFG, then the constraint) is ours;
+        - it runs the negative branch as a second, unpadded forward with its own cache, while we pad
+          and batch it; positions count from each row's first real token in both (generate derives
+          them from the attention mask), so the logits agree to rounding;
+        - we pass our negative row (negative prompt + the image prefix, as the official Emu3 script
+          builds it) as `negative_prompt_ids`, so both branches see the same context."""
+        rows = [emu3.row_ids(p.text + emu3.positive_suffix) for p in PROMPTS]
+        T = max(len(r) for r in rows)
+        input_ids = torch.tensor([[PAD] * (T - len(r)) + r for r in rows])
+        attention_mask = (torch.arange(T)[None] >= torch.tensor([T - len(r) for r in rows])[:, None]).long()
+        negative = torch.tensor([emu3.row_ids(NEGATIVE_PROMPT)] * len(PROMPTS))
+        with torch.no_grad():
+            out = emu3.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                negative_prompt_ids=negative,
+                negative_prompt_attention_mask=torch.ones_like(negative),
+                guidance_scale=sampling.cfg_scale,
+                prefix_allowed_tokens_fn=_emu3_prefix_allowed_tokens,
+                do_sample=False,
+                max_new_tokens=N_TOKENS,
+                eos_token_id=EOS,
+                pad_token_id=PAD,
+            )
+        return out[:, T:]

@@ -1,26 +1,30 @@
 """The Janus-Pro adapter on a tiny random `JanusForConditionalGeneration` (CPU, fp32).
 
 The tiny model keeps Janus's structure (Llama trunk, generation embeddings + aligner, generation
-head, VQ decoder) at 64 px: 8x8 = 64 image codes from a 128-code codebook."""
+head, VQ decoder) at 64 px: 8x8 = 64 image codes from a 128-code codebook. The adapter contract
+(tests/adapter_contract.py) runs on it, with AR against transformers' own image generation; here,
+Janus's layout, CFG rows and loading path."""
 
 import pytest
 import torch
+from adapter_contract import (
+    AdapterContract,
+    DecodersOnAdapterContract,
+    LibraryGenerateContract,
+    LoadsWeightsContract,
+)
 from transformers import GenerationConfig, JanusConfig, JanusForConditionalGeneration
 
-from sjd.core.sampling import SamplingConfig
-from sjd.decoders.ar import ARDecoder
 from sjd.decoders.jacobi import JacobiDecoder
 from sjd.decoders.pjd import PJDDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.zipar import ZipARDecoder
-from sjd.harness.provenance import make_generators
 from sjd.models.janus import JanusAdapter
 from sjd.types import Prompt
 
 PAD, BOS, EOS, IMAGE, BOI = 0, 1, 2, 3, 4
 SIDE, CODES = 8, 128
 PROMPTS = [Prompt("short", "a red cat"), Prompt("long", "a blue dog sits on the mat under a grey sky")]
-GREEDY = SamplingConfig(cfg_scale=3.0, temperature=0.0)
 
 
 def tiny_config() -> JanusConfig:
@@ -99,19 +103,19 @@ def janus(one_thread):
     return JanusAdapter.from_model(tiny_model(), encode)
 
 
-def gens(prompts, seed=0):
-    return make_generators(seed, [p.prompt_id for p in prompts], torch.device("cpu"))
-
-
-def fresh(model, prompt_row: list[int], codes: torch.Tensor) -> torch.Tensor:
+@torch.no_grad()
+def fresh(model, prompt_row: list[int], codes: torch.Tensor, positions=None) -> torch.Tensor:
     """Uncached image logits of one row, straight from the model's parts: prompt through the text
-    embeddings, codes through the generation embeddings + aligner, generation head on top.
-    Row g predicts generated position g."""
+    embeddings, codes (at generated `positions`, by default 0, 1, ...) through the generation
+    embeddings + aligner, generation head on top. Row g predicts generated position g."""
+    T = len(prompt_row)
     embeds = [model.get_input_embeddings()(torch.tensor([prompt_row]))]
     if len(codes):
         embeds.append(model.prepare_embeddings_for_image_generation(codes[None]))
-    hidden = model.model.language_model(inputs_embeds=torch.cat(embeds, 1)).last_hidden_state
-    return model.model.generation_head(hidden)[0, len(prompt_row) - 1 :].float()
+    at = torch.arange(len(codes)) if positions is None else torch.as_tensor(positions)
+    pos = torch.cat([torch.arange(T), T + at])[None]
+    hidden = model.model.language_model(inputs_embeds=torch.cat(embeds, 1), position_ids=pos).last_hidden_state
+    return model.model.generation_head(hidden)[0, T - 1 :].float()
 
 
 def test_layout_is_the_bare_code_grid(janus):
@@ -126,118 +130,6 @@ def test_uncond_rows_are_built_as_transformers_builds_them(janus):
         assert uncond == [BOS] + [PAD] * (len(cond) - 2) + [BOI]  # same length, text -> pad
     with pytest.raises(ValueError, match="'bad'.*begin-of-image"):
         JanusAdapter.from_model(janus.model, lambda t: [BOS, 7]).check_prompts([Prompt("bad", "x")])
-
-
-@torch.no_grad()
-def test_ragged_windows_match_uncached_forward_with_cfg_rows(janus):
-    """Prompts of different lengths (left-padded), a window, a truncate to different lengths per
-    row, a new window, a rewind into the last window: all equal fresh uncached logits."""
-    model, rows = janus.model, janus.prompt_rows(PROMPTS, with_uncond=True)
-    seq = torch.randint(0, CODES, (2, 40), generator=torch.Generator().manual_seed(0))
-
-    def check(out, b, gen, start, width):
-        for branch, row in ((out.cond, rows[b]), (out.uncond, rows[b + 2])):
-            ref = fresh(model, row, gen[: start + width])
-            torch.testing.assert_close(branch[b], ref[start + 1 : start + width + 1], atol=1e-4, rtol=0)
-
-    first = janus.prefill(PROMPTS, with_uncond=True)
-    for b in range(2):
-        torch.testing.assert_close(first.cond[b, 0], fresh(model, rows[b], seq[b, :0])[0], atol=1e-4, rtol=0)
-        torch.testing.assert_close(first.uncond[b, 0], fresh(model, rows[b + 2], seq[b, :0])[0], atol=1e-4, rtol=0)
-    out = janus.forward(seq[:, :12], [0, 0])
-    for b in range(2):
-        check(out, b, seq[b], 0, 12)
-    janus.truncate([5, 9])  # a ragged batch with holes
-    window = torch.stack([seq[0, 20:26], seq[1, 30:36]])
-    out = janus.forward(window, [5, 9])
-    gens_ = [torch.cat([seq[0, :5], window[0]]), torch.cat([seq[1, :9], window[1]])]
-    for b, start in ((0, 5), (1, 9)):
-        check(out, b, gens_[b], start, 6)
-    # Row 0 rewinds into the middle of its last window; row 1 continues.
-    nxt = torch.stack([seq[0, 36:40], seq[1, 0:4]])
-    out = janus.forward(nxt, [7, 15])
-    check(out, 0, torch.cat([gens_[0][:7], nxt[0]]), 7, 4)
-    check(out, 1, torch.cat([gens_[1][:15], nxt[1]]), 15, 4)
-
-
-@torch.no_grad()
-def test_custom_mask_window_matches_fresh_computation(janus):
-    """`forward_at` (the custom_mask capability) also runs codes through the generation path."""
-    model, rows = janus.model, janus.prompt_rows(PROMPTS, with_uncond=True)
-    tok = torch.randint(0, CODES, (2, 6), generator=torch.Generator().manual_seed(3))
-    positions = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, -1, -1]])
-    causal = torch.tril(torch.ones(6, 6, dtype=torch.bool)).expand(2, 6, 6)
-    janus.prefill(PROMPTS, with_uncond=True)
-    out = janus.forward_at(tok, positions, torch.zeros(2, janus.layout.n_tokens, dtype=torch.bool), causal)
-    for b, n in ((0, 6), (1, 4)):
-        for branch, row in ((out.cond, rows[b]), (out.uncond, rows[b + 2])):
-            torch.testing.assert_close(branch[b, :n], fresh(model, row, tok[b, :n])[1 : n + 1], atol=1e-4, rtol=0)
-
-
-def test_ar_equals_transformers_own_image_generation(janus):
-    """Greedy AR (batch of two prompts of different lengths) equals `generate(generation_mode="image")`
-    run on each prompt alone, token for token.
-
-    The processing is the same: transformers mixes raw generation-head logits with
-    `ClassifierFreeGuidanceLogitsProcessor` as `uncond + s * (cond - uncond)`, like our pipeline,
-    and applies its warpers (temperature, top-k, top-p) only after that and only when sampling.
-    Greedy, neither side has warpers and our grammar mask allows every code, so both take the
-    arg-max of the same guided logits. (transformers uses a static cache and an all-ones 2-D
-    mask; we use the ragged dynamic cache with left padding: the equality also shows that.)"""
-    ar = ARDecoder().generate(janus, PROMPTS, GREEDY, gens(PROMPTS))
-    for b, p in enumerate(PROMPTS):
-        ids = torch.tensor([encode(p.text)])
-        ref = janus.model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            generation_mode="image",
-            do_sample=False,
-            guidance_scale=GREEDY.cfg_scale,
-        )
-        assert torch.equal(ar.tokens[b], ref[0].cpu()), p.prompt_id
-    assert all(len(set(row.tolist())) > 10 for row in ar.tokens)  # not a degenerate, repetitive image
-
-
-@pytest.mark.parametrize("decoder", [SJDDecoder(window=8), SJDDecoder(window=16, init="vertical"), JacobiDecoder(8)])
-def test_greedy_speculative_decoders_equal_greedy_ar(janus, decoder):
-    ar = ARDecoder().generate(janus, PROMPTS, GREEDY, gens(PROMPTS))
-    res = decoder.generate(janus, PROMPTS, GREEDY, gens(PROMPTS, seed=7))
-    assert torch.equal(ar.tokens, res.tokens)
-    assert all(n <= janus.layout.n_tokens for n in res.n_forward)
-    assert sum(res.n_forward) < 2 * janus.layout.n_tokens  # some drafts were accepted
-
-
-@pytest.mark.parametrize(
-    "decoder",
-    [PJDDecoder(window=4, context=SIDE), PJDDecoder(window=8, context=SIDE, init="vertical")],
-    ids=["pjd4-full-context", "pjd8v-full-context"],
-)
-def test_greedy_pjd_with_full_row_context_equals_greedy_ar(janus, decoder):
-    """No end-of-line token: row r is anchored on row r-1's last code, committed when context = the width."""
-    ar = ARDecoder().generate(janus, PROMPTS, GREEDY, gens(PROMPTS))
-    res = decoder.generate(janus, PROMPTS, GREEDY, gens(PROMPTS, seed=7))
-    assert torch.equal(ar.tokens, res.tokens)
-    assert [sum(a) for a in res.accepted] == [SIDE * SIDE] * len(PROMPTS)
-
-
-@pytest.mark.parametrize("decoder", [PJDDecoder(window=4, context=3), ZipARDecoder(context=3)], ids=["pjd", "zipar"])
-def test_row_parallel_decoders_with_a_short_context_commit_every_code_once(janus, decoder):
-    """Rows start on a draft of the last code above (our no-end-of-line anchoring); a prompt's tokens do not
-    depend on its batch."""
-    sampled = SamplingConfig(cfg_scale=3.0, temperature=1.0, top_k=20)
-    res = decoder.generate(janus, PROMPTS, sampled, gens(PROMPTS))
-    assert [sum(a) for a in res.accepted] == [SIDE * SIDE] * len(PROMPTS)
-    assert ((res.tokens >= 0) & (res.tokens < CODES)).all()
-    assert all(n < SIDE * SIDE - SIDE for n in res.n_forward)
-    alone = decoder.generate(janus, PROMPTS[:1], sampled, gens(PROMPTS[:1])).tokens
-    assert torch.equal(res.tokens[:1], alone)
-
-
-def test_decode_images_gives_uint8_pixels(janus):
-    codes = torch.randint(0, CODES, (3, SIDE * SIDE), generator=torch.Generator().manual_seed(1))
-    images = janus.decode_images(codes, chunk=2)
-    assert images.shape == (3, 8 * SIDE, 8 * SIDE, 3) and images.dtype.name == "uint8"
-    assert images.std() > 0
 
 
 def tiny_processor():
@@ -284,14 +176,71 @@ def test_a_checkpoint_directory_loads_through_the_real_path(tmp_path, janus):
     assert (bare.bos_id, bare.pad_id, bare.boi_id) == (BOS, PAD, BOI)
 
 
-def test_missing_weights_directory_names_model_path_and_config_key(tmp_path):
-    missing = tmp_path / "Janus-Pro-7B"
-    with pytest.raises(FileNotFoundError) as err:
-        JanusAdapter(weights=str(missing), name="janus")
-    msg = str(err.value)
-    assert "'janus'" in msg and str(missing) in msg and "model.adapter.weights" in msg
+class TestJanus(AdapterContract, DecodersOnAdapterContract, LibraryGenerateContract, LoadsWeightsContract):
+    """No end-of-line token: with context = the width, row r is anchored on row r-1's committed
+    last code and PJD equals AR; with a shorter context rows start on a draft of the last code above
+    (our no-end-of-line anchoring) and overlap."""
 
+    prompts = PROMPTS
+    atol = 1e-4
+    min_distinct_codes = 11  # greedy AR is not a degenerate, repetitive image
+    adapter_class, model_name = JanusAdapter, "janus"
+    greedy_decoders = {
+        "sjd8": SJDDecoder(window=8),
+        "sjd16v": SJDDecoder(window=16, init="vertical"),
+        "jacobi8": JacobiDecoder(8),
+        "pjd4-full-context": PJDDecoder(window=4, context=SIDE),
+        "pjd8v-full-context": PJDDecoder(window=8, context=SIDE, init="vertical"),
+    }
+    sampled_decoders = {
+        "sjd8": SJDDecoder(window=8),
+        "pjd-short-context": PJDDecoder(window=4, context=3),
+        "zipar-short-context": ZipARDecoder(context=3),
+    }
 
-def test_code_embeddings_are_the_generation_vq_codebook(janus):
-    codebook = janus.model.model.vqmodel.quantize.embedding.weight.detach().float()
-    assert torch.equal(janus.code_embeddings()[: codebook.shape[0]], codebook)
+    @pytest.fixture
+    def adapter(self, janus):
+        return janus
+
+    def fresh_logits(self, adapter, row, generated, positions=None):
+        return fresh(adapter.model, adapter.prompt_rows(self.prompts, with_uncond=True)[row], generated, positions)
+
+    def image_size(self, adapter):
+        return 8 * SIDE, 8 * SIDE
+
+    def decode(self, adapter, tokens):
+        return adapter.decode_images(tokens, chunk=2)  # 3 images: chunks of 2 and 1
+
+    def codebook(self, adapter):
+        return torch.arange(CODES), adapter.model.model.vqmodel.quantize.embedding.weight
+
+    def check_speed(self, name, sampling, result, n_tokens):
+        if sampling.greedy and name in ("sjd8", "sjd16v", "jacobi8"):
+            assert all(n <= n_tokens for n in result.n_forward)
+            assert sum(result.n_forward) < 2 * n_tokens  # some drafts were accepted
+        if name.endswith("short-context"):  # rows overlap
+            assert all(n < n_tokens - SIDE for n in result.n_forward)
+
+    def library_greedy(self, janus, sampling):
+        """`generate(generation_mode="image")` run on each prompt alone (our AR runs both prompts, of
+        different lengths, as one batch).
+
+        The processing is the same: transformers mixes raw generation-head logits with
+        `ClassifierFreeGuidanceLogitsProcessor` as `uncond + s * (cond - uncond)`, like our pipeline,
+        and applies its warpers (temperature, top-k, top-p) only after that and only when sampling.
+        Greedy, neither side has warpers and our grammar mask allows every code, so both take the
+        arg-max of the same guided logits. (transformers uses a static cache and an all-ones 2-D
+        mask; we use the ragged dynamic cache with left padding: the equality also shows that.)"""
+        rows = []
+        for p in PROMPTS:
+            ids = torch.tensor([encode(p.text)])
+            rows.append(
+                janus.model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    generation_mode="image",
+                    do_sample=False,
+                    guidance_scale=sampling.cfg_scale,
+                )[0].cpu()
+            )
+        return torch.stack(rows)

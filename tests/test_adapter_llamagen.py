@@ -1,21 +1,22 @@
 """The LlamaGen adapter on tiny random parts (CPU, fp32): our GPT (6x6 = 36 codes from a 64-code vocabulary,
-8 caption slots), a tiny T5 encoder with a word-level tokenizer, and a tiny Janus VQ (factor 2: 12 px)."""
+8 caption slots), a tiny T5 encoder with a word-level tokenizer, and a tiny Janus VQ (factor 2: 12 px). The
+adapter contract (tests/adapter_contract.py) runs on it; here, LlamaGen's captions, 2-D RoPE, checkpoint names
+and loading paths."""
 
 import argparse
 
 import numpy as np
 import pytest
 import torch
+from adapter_contract import AdapterContract, DecodersOnAdapterContract, LoadsWeightsContract, MissingWeights
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import JanusVQVAE, PreTrainedTokenizerFast, T5Config, T5EncoderModel
 
 from sjd.core.sampling import SamplingConfig
-from sjd.decoders.ar import ARDecoder
 from sjd.decoders.jacobi import JacobiDecoder
 from sjd.decoders.pjd import PJDDecoder
 from sjd.decoders.sjd import SJDDecoder
-from sjd.harness.provenance import make_generators
-from sjd.models.llamagen import LlamaGenAdapter
+from sjd.models.llamagen import GPT_KEY, T5_KEY, VQ_KEY, LlamaGenAdapter
 from sjd.models.nets.llamagen_gpt import LlamaGenConfig, LlamaGenGPT, apply_rope, load_gpt, rope_2d_table
 from sjd.models.nets.llamagen_vq import load_vq, vq_config
 from sjd.types import Prompt
@@ -83,18 +84,16 @@ def llamagen(parts):
     return LlamaGenAdapter.from_parts(*parts)
 
 
-def gens(prompts, seed=0):
-    return make_generators(seed, [p.prompt_id for p in prompts], torch.device("cpu"))
-
-
 @torch.no_grad()
-def fresh(gpt: LlamaGenGPT, caption: torch.Tensor, mask: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+def fresh(gpt: LlamaGenGPT, caption: torch.Tensor, mask: torch.Tensor, codes: torch.Tensor, at=None) -> torch.Tensor:
     """Uncached logits of one row built without any padding: only the real caption slots, then the codes, at
-    their slot positions (real caption slots keep theirs; code g sits at cls_token_num + g). Row g predicts
-    generated position g. Equality with the padded, cached path shows the padding is invisible."""
+    their slot positions (real caption slots keep theirs; code g, at generated position at[g] (default g), sits
+    at cls_token_num + at[g]). Row g predicts generated position g. Equality with the padded, cached path shows
+    the padding is invisible."""
     real = mask.nonzero().flatten()
     cls = gpt.config.cls_token_num
-    positions = torch.cat([real, cls + torch.arange(len(codes))])
+    at = torch.arange(len(codes)) if at is None else torch.as_tensor(at)
+    positions = torch.cat([real, cls + at])
     embeds = torch.cat([caption[real], gpt.tok_embeddings(codes)])
     return gpt(embeds[None], positions=positions[None])[0, len(real) - 1 :]
 
@@ -122,54 +121,6 @@ def test_captions_are_left_padded_t5_features_and_cfg_rows_use_the_null_caption(
     torch.testing.assert_close(embeds[2], null)
     torch.testing.assert_close(embeds[3], null)
     assert torch.equal(rows_mask, torch.cat([mask, mask]))  # uncond rows keep their cond row's padding mask
-
-
-@torch.no_grad()
-def test_cached_windows_match_fresh_unpadded_computations_with_cfg_rows(llamagen):
-    """Prefill, a window, a truncate to different lengths per row (holes), a new window, a rewind into the
-    last window: every cond and uncond logit equals a fresh computation without cache and without padding."""
-    gpt = llamagen.gpt
-    captions, masks = llamagen.caption_rows(PROMPTS, with_uncond=True)
-    seq = torch.randint(0, CODES, (2, N), generator=torch.Generator().manual_seed(0))
-
-    def check(out, b, gen, start, width):
-        for branch, row in ((out.cond, b), (out.uncond, b + 2)):
-            ref = fresh(gpt, captions[row], masks[row], gen[: start + width])
-            torch.testing.assert_close(branch[b], ref[start + 1 : start + width + 1], atol=1e-4, rtol=0)
-
-    first = llamagen.prefill(PROMPTS, with_uncond=True)
-    for b in range(2):
-        for branch, row in ((first.cond, b), (first.uncond, b + 2)):
-            ref = fresh(gpt, captions[row], masks[row], seq[b, :0])[0]
-            torch.testing.assert_close(branch[b, 0], ref, atol=1e-4, rtol=0)
-    out = llamagen.forward(seq[:, :12], [0, 0])
-    for b in range(2):
-        check(out, b, seq[b], 0, 12)
-    llamagen.truncate([5, 9])
-    window = torch.stack([seq[0, 20:26], seq[1, 24:30]])
-    out = llamagen.forward(window, [5, 9])
-    gens_ = [torch.cat([seq[0, :5], window[0]]), torch.cat([seq[1, :9], window[1]])]
-    for b, start in ((0, 5), (1, 9)):
-        check(out, b, gens_[b], start, 6)
-    nxt = torch.stack([seq[0, 30:34], seq[1, 0:4]])
-    out = llamagen.forward(nxt, [7, 15])
-    check(out, 0, torch.cat([gens_[0][:7], nxt[0]]), 7, 4)
-    check(out, 1, torch.cat([gens_[1][:15], nxt[1]]), 15, 4)
-
-
-@torch.no_grad()
-def test_custom_mask_window_matches_fresh_computation(llamagen):
-    gpt = llamagen.gpt
-    captions, masks = llamagen.caption_rows(PROMPTS, with_uncond=True)
-    tok = torch.randint(0, CODES, (2, 6), generator=torch.Generator().manual_seed(3))
-    positions = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, -1, -1]])
-    causal = torch.tril(torch.ones(6, 6, dtype=torch.bool)).expand(2, 6, 6)
-    llamagen.prefill(PROMPTS, with_uncond=True)
-    out = llamagen.forward_at(tok, positions, torch.zeros(2, N, dtype=torch.bool), causal)
-    for b, n in ((0, 6), (1, 4)):
-        for branch, row in ((out.cond, b), (out.uncond, b + 2)):
-            ref = fresh(gpt, captions[row], masks[row], tok[b, :n])
-            torch.testing.assert_close(branch[b, :n], ref[1 : n + 1], atol=1e-4, rtol=0)
 
 
 def test_rope_2d_matches_a_hand_computation():
@@ -325,66 +276,6 @@ def test_vq_loads_the_release_names_after_the_rename(tmp_path, llamagen):
     assert not np.array_equal(images[0], images[1])
 
 
-def test_greedy_ar_equals_the_release_generate_loop(llamagen):
-    """LlamaGen's `generate` written as a plain loop: every step recomputes the cond row (caption) and the
-    uncond row (null caption, same padding mask) from scratch, mixes uncond + s * (cond - uncond), takes the
-    arg-max. Our AR through prefill + cached windows gives the same tokens."""
-    ar = ARDecoder().generate(llamagen, PROMPTS, GREEDY, gens(PROMPTS)).tokens
-    captions, masks = llamagen.caption_rows(PROMPTS, with_uncond=True)
-    for b in range(2):
-        codes = torch.empty(0, dtype=torch.long)
-        for _ in range(N):
-            cond = fresh(llamagen.gpt, captions[b], masks[b], codes)[-1]
-            uncond = fresh(llamagen.gpt, captions[b + 2], masks[b + 2], codes)[-1]
-            codes = torch.cat([codes, (uncond + GREEDY.cfg_scale * (cond - uncond)).argmax()[None]])
-        assert torch.equal(ar[b], codes), PROMPTS[b].prompt_id
-    assert all(len(set(row.tolist())) > 6 for row in ar)  # not a degenerate, repetitive image
-
-
-@pytest.mark.parametrize("decoder", [SJDDecoder(window=8), SJDDecoder(window=12, init="vertical"), JacobiDecoder(8)])
-def test_greedy_speculative_decoders_equal_greedy_ar(llamagen, decoder):
-    ar = ARDecoder().generate(llamagen, PROMPTS, GREEDY, gens(PROMPTS))
-    res = decoder.generate(llamagen, PROMPTS, GREEDY, gens(PROMPTS, seed=7))
-    assert torch.equal(ar.tokens, res.tokens)
-    assert [sum(a) for a in res.accepted] == [N, N]
-    assert sum(res.n_forward) < 2 * N and max(max(a) for a in res.accepted) > 2  # drafts were accepted
-
-
-@pytest.mark.parametrize(
-    "decoder",
-    [PJDDecoder(window=4, context=GRID), PJDDecoder(window=8, context=GRID, init="vertical")],
-    ids=["pjd4-full-context", "pjd8v-full-context"],
-)
-def test_greedy_pjd_with_full_row_context_equals_greedy_ar(llamagen, decoder):
-    """No end-of-line token: row r is anchored on row r-1's last code. With context = the row width a row
-    starts only once the row above is complete, so that anchor is committed and PJD must equal AR."""
-    ar = ARDecoder().generate(llamagen, PROMPTS, GREEDY, gens(PROMPTS))
-    res = decoder.generate(llamagen, PROMPTS, GREEDY, gens(PROMPTS, seed=7))
-    assert torch.equal(ar.tokens, res.tokens)
-    assert [sum(a) for a in res.accepted] == [N, N]
-
-
-def test_pjd_with_a_short_context_starts_rows_on_a_draft_anchor(llamagen):
-    """Context 2: row r starts while row r-1's last code is still a draft (our anchoring choice). Every code
-    is committed once, the rows overlap, and a prompt's tokens do not depend on its (ragged) batch."""
-    sampled = SamplingConfig(cfg_scale=7.5, temperature=1.0, top_k=20)
-    pjd = PJDDecoder(window=4, context=2)
-    res = pjd.generate(llamagen, PROMPTS, sampled, gens(PROMPTS))
-    assert [sum(a) for a in res.accepted] == [N, N]
-    assert ((res.tokens >= 0) & (res.tokens < CODES)).all()
-    assert all(n < N - GRID for n in res.n_forward)  # AR takes N forwards
-    alone = pjd.generate(llamagen, PROMPTS[1:], sampled, gens(PROMPTS[1:])).tokens
-    assert torch.equal(res.tokens[1:], alone)
-
-
-def test_a_prompts_tokens_do_not_depend_on_its_batch(llamagen):
-    """Captions of different lengths share a batch through their padding masks; sampled tokens must not care."""
-    sampled = SamplingConfig(cfg_scale=7.5, temperature=1.0, top_k=20)
-    batch = SJDDecoder(window=8).generate(llamagen, PROMPTS, sampled, gens(PROMPTS)).tokens
-    alone = SJDDecoder(window=8).generate(llamagen, PROMPTS[:1], sampled, gens(PROMPTS[:1])).tokens
-    assert torch.equal(batch[:1], alone)
-
-
 def test_checkpoint_files_load_through_the_constructor(tmp_path, llamagen, parts):
     """The real path: GPT and VQ .pt files (weights under "model", the VQ in the release's names), a T5
     directory with its tokenizer."""
@@ -408,30 +299,64 @@ def test_checkpoint_files_load_through_the_constructor(tmp_path, llamagen, parts
         LlamaGenAdapter(resolution=13, **kwargs)
 
 
-def test_missing_weights_name_the_model_the_path_and_the_config_key(tmp_path, monkeypatch):
-    present = tmp_path / "present.pt"
-    present.write_bytes(b"")
-    cases = [
-        (dict(weights=str(tmp_path / "t2i_XL.pt")), "t2i_XL.pt", "model.adapter.weights"),
-        (dict(weights=str(present), vq_weights=str(tmp_path / "vq16.pt")), "vq16.pt", "model.adapter.vq_weights"),
-        (dict(weights=str(present), vq_weights=str(present), t5=str(tmp_path / "t5")), "t5", "model.adapter.t5"),
-    ]
-    for kwargs, missing, key in cases:
-        with pytest.raises(FileNotFoundError) as err:
-            LlamaGenAdapter(name="llamagen", **kwargs)
-        msg = str(err.value)
-        assert "'llamagen'" in msg and str(tmp_path / missing) in msg and key in msg, msg
+class TestLlamaGen(AdapterContract, DecodersOnAdapterContract, LoadsWeightsContract):
+    """The contract's greedy check is LlamaGen's `generate` written out: every step recomputes the cond
+    row (caption) and the uncond row (null caption, same padding mask) from scratch. No end-of-line
+    token: with context = the width PJD equals AR; with context 2 a row starts on a draft anchor."""
 
-    import huggingface_hub
+    prompts = PROMPTS
+    atol = 1e-4
+    min_distinct_codes = 7  # greedy AR is not a degenerate, repetitive image
+    sampled = SamplingConfig(cfg_scale=7.5, temperature=1.0, top_k=20)
+    adapter_class, model_name = LlamaGenAdapter, "llamagen"
+    greedy_decoders = {
+        "sjd8": SJDDecoder(window=8),
+        "sjd12v": SJDDecoder(window=12, init="vertical"),
+        "jacobi8": JacobiDecoder(8),
+        "pjd4-full-context": PJDDecoder(window=4, context=GRID),
+        "pjd8v-full-context": PJDDecoder(window=8, context=GRID, init="vertical"),
+    }
+    sampled_decoders = {"sjd8": SJDDecoder(window=8), "pjd-short-context": PJDDecoder(window=4, context=2)}
 
-    def offline(**_):
-        raise OSError("offline, and not in the local cache")
+    @pytest.fixture
+    def adapter(self, llamagen):
+        return llamagen
 
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
-    with pytest.raises(FileNotFoundError, match=r"'llamagen'.*peizesun/llamagen_t2i/x\.pt.*model\.adapter\.weights"):
-        LlamaGenAdapter(weights="peizesun/llamagen_t2i/x.pt")
+    def fresh_logits(self, adapter, row, generated, positions=None):
+        captions, masks = adapter.caption_rows(self.prompts, with_uncond=True)
+        return fresh(adapter.gpt, captions[row], masks[row], generated, positions)
 
+    def image_size(self, adapter):
+        return 2 * GRID, 2 * GRID
 
-def test_code_embeddings_are_the_vq_codebook(llamagen):
-    codebook = llamagen.vq.quantize.embedding.weight.detach().float()
-    assert torch.equal(llamagen.code_embeddings()[: codebook.shape[0]], codebook)
+    def decode(self, adapter, tokens):
+        return adapter.decode_images(tokens, chunk=2)  # 3 images: chunks of 2 and 1
+
+    def codebook(self, adapter):
+        return torch.arange(CODES), adapter.vq.quantize.embedding.weight
+
+    def check_speed(self, name, sampling, result, n_tokens):
+        if sampling.greedy and name in ("sjd8", "sjd12v", "jacobi8"):  # drafts were accepted
+            assert sum(result.n_forward) < 2 * n_tokens and max(max(a) for a in result.accepted) > 2
+        if name == "pjd-short-context":  # the rows overlap: AR takes N forwards
+            assert all(n < n_tokens - GRID for n in result.n_forward)
+
+    def missing_weights(self, tmp_path, monkeypatch):
+        """Each of the three checkpoints, and a hub file that cannot be fetched offline."""
+        import huggingface_hub
+
+        def offline(**_):
+            raise OSError("offline, and not in the local cache")
+
+        monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+        present = tmp_path / "present.pt"
+        present.write_bytes(b"")
+        gpt, vq, t5 = tmp_path / "t2i_XL.pt", tmp_path / "vq16.pt", tmp_path / "t5"
+        hub = "peizesun/llamagen_t2i/x.pt"
+        offline_hub = r"'llamagen'.*peizesun/llamagen_t2i/x\.pt.*model\.adapter\.weights"
+        return [
+            MissingWeights({"weights": str(gpt)}, gpt, GPT_KEY),
+            MissingWeights({"weights": str(present), "vq_weights": str(vq)}, vq, VQ_KEY),
+            MissingWeights({"weights": str(present), "vq_weights": str(present), "t5": str(t5)}, t5, T5_KEY),
+            MissingWeights({"weights": hub}, hub, GPT_KEY, offline_hub),
+        ]

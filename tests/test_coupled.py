@@ -22,15 +22,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = load_prompt_file("sjd/assets/prompts/toy.tsv")[:4]
 GREEDY = SamplingConfig(cfg_scale=3.0, temperature=0.0)
 SAMPLED = SamplingConfig(cfg_scale=3.0, temperature=1.0)
+# Settings beyond conf/decoder/scd.yaml (random, gumbel) and csjd.yaml (vertical_dist, maximal), which the
+# decoder contract (tests/test_decoder_contract.py) runs.
 COUPLED = [
-    CoupledSJDDecoder(window=16, init="random", coupling="gumbel"),
     CoupledSJDDecoder(window=16, init="random", coupling="maximal"),
     CoupledSJDDecoder(window=7, init="vertical", coupling="maximal"),
     CoupledSJDDecoder(window=16, init="vertical", coupling="gumbel", forced_drafts=False),
-    CoupledSJDDecoder(window=16, init="vertical_dist", coupling="maximal"),
     CoupledSJDDecoder(window=16, init="vertical_dist", coupling="gumbel"),
 ]
-COUPLED_IDS = ["gumbel", "maximal", "maximal-vertical-w7", "gumbel-unforced", "vertical-dist", "vertical-dist-gumbel"]
+COUPLED_IDS = ["maximal", "maximal-vertical-w7", "gumbel-unforced", "vertical-dist-gumbel"]
 
 
 def gens(prompts, seed=0):
@@ -85,7 +85,7 @@ def test_greedy_coupled_decoders_equal_greedy_ar(toy, decoder):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("decoder", COUPLED[:3] + COUPLED[4:], ids=COUPLED_IDS[:3] + COUPLED_IDS[4:])
+@pytest.mark.parametrize("decoder", COUPLED[:2] + COUPLED[3:], ids=COUPLED_IDS[:2] + COUPLED_IDS[3:])
 def test_sampled_coupled_decoders_keep_the_grammar(toy, decoder):
     res = decoder.generate(toy, PROMPTS, SAMPLED, gens(PROMPTS))
     forced = toy.layout.forced

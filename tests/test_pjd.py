@@ -45,13 +45,6 @@ def test_pjd_rows_overlap_and_keep_the_grammar(toy):
     assert sum(res.n_forward) < sum(full.n_forward)
 
 
-def test_pjd_tokens_do_not_depend_on_batch_composition(toy):
-    pjd = PJDDecoder(window=6, context=5)
-    batch = pjd.generate(toy, PROMPTS, SAMPLED, gens(PROMPTS)).tokens
-    alone = pjd.generate(toy, [PROMPTS[2]], SAMPLED, gens([PROMPTS[2]])).tokens[0]
-    assert torch.equal(alone, batch[2])
-
-
 def test_pjd_needs_the_custom_mask_capability():
     micro = MicroAdapter()
     micro.capabilities = frozenset({WINDOW})

@@ -49,7 +49,7 @@ class ToyAdapter(CausalLMAdapter):
         self.name = name
         self.device = torch.device(device)
         path = Path(weights) if weights else DEFAULT_WEIGHTS
-        self.model, self.meta = load_toy(path, config_key="model.adapter.weights")
+        self.model, self.meta = load_toy(path, config_key="model.adapter.weights", name=name)
         self.model.to(self.device)
         self.vocab = ToyVocab()
         self.text_context = int(self.meta["text_context"])

@@ -52,14 +52,16 @@ def save_toy(model: LlamaForCausalLM, directory: Path, meta: dict) -> None:
     (directory / "config.json").write_text(json.dumps(payload, indent=2, sort_keys=True))
 
 
-def load_toy(directory: str | Path, config_key: str = "model.adapter.weights") -> tuple[LlamaForCausalLM, dict]:
-    """Load a toy checkpoint directory; a missing file names the path and the config key."""
+def load_toy(
+    directory: str | Path, config_key: str = "model.adapter.weights", name: str = "toy"
+) -> tuple[LlamaForCausalLM, dict]:
+    """Load a toy checkpoint directory; a missing file names the model, the path and the config key."""
     directory = Path(directory)
     weights, cfg_file = directory / "model.safetensors", directory / "config.json"
     for f in (weights, cfg_file):
         if not f.is_file():
             raise FileNotFoundError(
-                f"toy model: {f} not found. Set `{config_key}` to a directory holding "
+                f"model {name!r}: {f} not found. Set `{config_key}` to a directory holding "
                 "model.safetensors and config.json (train one with scripts/train_toy.py)."
             )
     meta = json.loads(cfg_file.read_text())
