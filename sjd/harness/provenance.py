@@ -44,13 +44,18 @@ def run_command() -> str | None:
     return " ".join(["python run.py", *overrides])
 
 
+OUTPUT_PATHS = ("results", "docs/results")
+
+
 def git_hash() -> str:
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            # Tracked results tables and their generated pages are outputs of study commands, not
+            # inputs: a study appending its rows must not mark the next study's rows as dirty.
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *(f":!{p}" for p in OUTPUT_PATHS)],
             cwd=PROJECT_ROOT,
             capture_output=True,
             text=True,
