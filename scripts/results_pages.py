@@ -8,8 +8,9 @@ CSV present, the page has one section per overlay writing to it, and under it on
 command: the command, the git hash(es), config fingerprint(s) and settings of the rows of its latest
 run, a table of the key columns, and the figure. A row whose recorded command no study lists is an
 error: the page shows only numbers a named command gives. Also writes docs/results/README.md, the
-index of the pages. Figures (`study.figure`): window (step compression and speedup against the
-window), quality (FID and CLIP against speedup), pareto (speedup against audit distance and FID),
+index of the pages, and the headline table of README.md (between its `<!-- headline:begin -->` and
+`<!-- headline:end -->` markers): the part of one study page named by HEADLINE. Figures
+(`study.figure`): window (step compression and speedup against the window), quality (FID and CLIP against speedup), pareto (speedup against audit distance and FID),
 accept_hist (tokens committed per forward, one panel per decoder).
 """
 
@@ -28,6 +29,9 @@ from sjd.harness import plots
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATOR = "python scripts/results_pages.py"
+# README's headline: (page, command) of the study part it shows.
+HEADLINE = ("toy_schedule", "python run.py experiment=toy_schedule decoder.window=16")
+HEADLINE_MARKERS = ("<!-- headline:begin -->", "<!-- headline:end -->")
 FIGURES = {  # figure -> the columns its rows need
     "window": ("step_compression", "latency_speedup"),
     "quality": ("latency_speedup", "fid", "clip"),
@@ -35,7 +39,7 @@ FIGURES = {  # figure -> the columns its rows need
     "accept_hist": ("accept_hist", "mean_accepted"),
 }
 SETTINGS = ("init", "context", "denoise_steps", "coupling", "forced_drafts", "verification", "neighbours",
-            "delta", "branches", "branch_depth", "ar_prefix")  # fmt: skip
+            "delta", "branches", "branch_depth", "ar_prefix", "schedule")  # fmt: skip
 # (column, heading, format): the key columns, each shown where a row of the part has a value.
 COLUMNS = (
     ("n_prompts", "samples", "d"),
@@ -225,6 +229,33 @@ def render_page(page: str, results: pd.DataFrame, studies: list[Study], out_dir:
     return "\n".join(lines)
 
 
+def render_headline(results_dir: Path) -> str:
+    """README's headline block: the latest rows of HEADLINE's command, with the command and provenance."""
+    page, command = HEADLINE
+    results = pd.read_csv(results_dir / f"{page}.csv")
+    rows = results[results["command"] == command] if "command" in results else results.iloc[:0]
+    if rows.empty:
+        raise ValueError(f"results/studies/{page}.csv has no rows of the headline command {command!r}: run it")
+    rows = latest_run(rows)
+    return "\n".join(
+        [
+            f"`{command}` (page [docs/results/{page}.md](docs/results/{page}.md); {describe_run(rows)})",
+            "",
+            markdown(key_table(rows, None)),
+        ]
+    )
+
+
+def with_headline(readme: str, block: str) -> str:
+    """README text with the headline block between its markers replaced by `block`."""
+    begin, end = HEADLINE_MARKERS
+    if begin not in readme or end not in readme:
+        raise ValueError(f"README.md lacks the headline markers {begin} ... {end}")
+    head, rest = readme.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{block}\n{end}{tail}"
+
+
 def render_all(results_dir: Path, conf_dir: Path, out_dir: Path) -> list[Path]:
     """Every page whose CSV is present, and the index; the paths written."""
     pages = load_studies(conf_dir)
@@ -262,9 +293,12 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "studies")
     ap.add_argument("--conf", type=Path, default=ROOT / "conf" / "experiment")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
+    ap.add_argument("--readme", type=Path, default=ROOT / "README.md", help="README whose headline block to fill")
     args = ap.parse_args()
     for path in render_all(args.results, args.conf, args.out):
         print(path)
+    args.readme.write_text(with_headline(args.readme.read_text(), render_headline(args.results)))
+    print(args.readme)
 
 
 if __name__ == "__main__":

@@ -123,3 +123,11 @@ def test_no_page_without_its_csv():
     for page in (ROOT / "docs" / "results").glob("*.md"):
         if page.name != "README.md":
             assert (ROOT / "results" / "studies" / f"{page.stem}.csv").is_file(), f"{page} has no CSV"
+
+
+def test_the_readme_headline_is_generated_from_its_study_csv(pages):
+    readme = (ROOT / "README.md").read_text()
+    expected = pages.with_headline(readme, pages.render_headline(ROOT / "results" / "studies"))
+    assert readme == expected, "README.md's headline table is stale: run make docs"
+    begin, end = pages.HEADLINE_MARKERS
+    assert "step compression" in readme.split(begin, 1)[1].split(end, 1)[0]
