@@ -10,8 +10,9 @@ run, a table of the key columns, and the figure. A row whose recorded command no
 error: the page shows only numbers a named command gives. Also writes docs/results/README.md, the
 index of the pages, and the headline table of README.md (between its `<!-- headline:begin -->` and
 `<!-- headline:end -->` markers): the part of one study page named by HEADLINE. Figures
-(`study.figure`): window (step compression and speedup against the window), quality (FID and CLIP against speedup), pareto (speedup against audit distance and FID),
-accept_hist (tokens committed per forward, one panel per decoder).
+(`study.figure`): window (step compression and speedup against the window), quality (FID and CLIP
+against speedup), pareto (speedup against audit distance and FID), accept_hist (tokens committed per
+forward, one panel per decoder).
 """
 
 from __future__ import annotations
