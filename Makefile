@@ -4,13 +4,13 @@ PY    := $(VENV)/bin/python
 # The CPU wheel on this machine. On a GPU machine keep your CUDA build: make TORCH="torch" ...
 TORCH ?= torch==2.13.0
 
-.PHONY: help install run test test-fast bench report docs lint format train-toy clean
+.PHONY: help install run test test-fast bench docs lint format train-toy clean
 
 help:
 	@echo "make run       - default benchmark: toy model, SJD vs AR (installs what it needs)"
 	@echo "make test      - the test suite (installs what it needs)"
 	@echo "make test-fast - the suite without the tests marked slow (audits, end-to-end runs): the edit loop"
-	@echo "make bench     - SJD vs AR on 32 toy prompts, window 16 (the README numbers)"
+	@echo "make bench     - SJD vs AR on 32 toy prompts, window 16 (rows to outputs/runs.csv)"
 	@echo "make docs      - the results pages docs/results/*.md from results/studies/*.csv"
 	@echo "make train-toy - retrain the shipped toy checkpoint from its seed (~30 min, 2 cores)"
 	@echo "make lint      - ruff"
@@ -45,8 +45,6 @@ bench: install
 
 docs: install
 	$(PY) scripts/results_pages.py
-
-report: docs
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
