@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from sjd.harness import plots
+from sjd.harness import plots, regime
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATOR = "python scripts/results_pages.py"
@@ -38,6 +38,7 @@ FIGURES = {  # figure -> the columns its rows need
     "quality": ("latency_speedup", "fid", "clip"),
     "pareto": ("latency_speedup", "audit_tv", "fid", "lossless_expected"),
     "accept_hist": ("accept_hist", "mean_accepted"),
+    "regime": ("step_compression", "entropy_nats"),
 }
 SETTINGS = ("init", "context", "denoise_steps", "coupling", "forced_drafts", "verification", "neighbours",
             "delta", "branches", "branch_depth", "ar_prefix", "schedule")  # fmt: skip
@@ -150,7 +151,8 @@ def key_table(rows: pd.DataFrame, figure: str | None) -> pd.DataFrame:
 
 def markdown(table: pd.DataFrame) -> str:
     head = "| " + " | ".join(table.columns) + " |"
-    rule = "| " + " | ".join("---" if c in ("decoder", "settings") else "---:" for c in table.columns) + " |"
+    text = ("decoder", "settings", "model", "anchor", "schedule")
+    rule = "| " + " | ".join("---" if c in text else "---:" for c in table.columns) + " |"
     body = ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
     return "\n".join([head, rule, *body])
 
@@ -193,8 +195,11 @@ def describe_run(rows: pd.DataFrame) -> str:
     return "; ".join(parts) + "."
 
 
-def render_page(page: str, results: pd.DataFrame, studies: list[Study], out_dir: Path) -> str:
-    """The markdown of docs/results/<page>.md; draws its figures into out_dir."""
+def render_page(
+    page: str, results: pd.DataFrame, studies: list[Study], out_dir: Path, tables_dir: Path | None = None
+) -> str:
+    """The markdown of docs/results/<page>.md; draws its figures into out_dir (and a regime page's
+    table into tables_dir, default out_dir)."""
     listed = {c for s in studies for c in s.commands}
     commands = results["command"] if "command" in results else pd.Series([None] * len(results))
     unlisted = sorted({str(c) for c in commands if c not in listed})
@@ -219,7 +224,7 @@ def render_page(page: str, results: pd.DataFrame, studies: list[Study], out_dir:
                 continue
             rows = latest_run(rows)
             lines += [describe_run(rows), "", markdown(key_table(rows, study.figure)), ""]
-            if study.figure:
+            if study.figure and study.figure != "regime":  # the regime map is one figure for the whole page
                 lacking = [c for c in FIGURES[study.figure] if c not in rows or rows[c].isna().all()]
                 if lacking:
                     lines += [f"No {study.figure} figure: these rows have no {', '.join(lacking)}.", ""]
@@ -227,7 +232,65 @@ def render_page(page: str, results: pd.DataFrame, studies: list[Study], out_dir:
                 name = f"{page}_{study.experiment}_{i}_{study.figure}.png"
                 draw(study.figure, rows, out_dir / name)
                 lines += [f"![{study.figure}]({name})", ""]
+    if any(s.figure == "regime" for s in studies):
+        lines += regime_section(page, results, studies, out_dir, tables_dir or out_dir)
     return "\n".join(lines)
+
+
+PUBLISHED = ROOT / "results" / "paper" / "published.csv"
+REGIME_SHOWN = (("entropy_nats", ".2f"), ("step_compression", ".2f"), ("vs_official_sjd", ".2f"),
+                ("vs_harness_sjd", ".2f"), ("latency_speedup", ".2f"), ("efficiency", ".2f"), ("audit_p", ".3g"),
+                ("audit_tv", ".3f"), ("audit_noise_tv", ".3f"))  # fmt: skip
+
+
+def regime_section(
+    page: str, results: pd.DataFrame, studies: list[Study], out_dir: Path, tables_dir: Path
+) -> list[str]:
+    """The combined table of every listed command's latest run (also written as <tables_dir>/<page>.csv),
+    its figure, the published-ratio anchors per model, and the restated goal (sjd.harness.regime)."""
+    commands = results["command"] if "command" in results else pd.Series([None] * len(results))
+    runs = [latest_run(results[commands == c]) for s in studies for c in s.commands if (commands == c).any()]
+    if not runs:
+        return ["No regime map yet: no listed command has rows.", ""]
+    table = regime.regime_table(runs)
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    table.to_csv(tables_dir / f"{page}.csv", index=False, float_format="%.6g")
+    figure = f"{page}.png"
+    plots.regime_map(table, out_dir / figure)
+    shown = table[["model", "decoder", "schedule", "window", "lossless", "audited_lossless"]].astype(str)
+    for column, fmt in REGIME_SHOWN:
+        shown[column] = [cell(v, fmt) for v in table[column]]
+    lines = ["## The regime map", "",
+             f"All the runs above in one table (also `results/{page}.csv`), ordered by the model's per-token "
+             "entropy. `vs_official_sjd` and `vs_harness_sjd` are step compression over SJD's in the same run; "
+             "`lossless` is the decoder's claim, `audited_lossless` a claim the audit did not reject at p >= "
+             f"{regime.AUDIT_ALPHA}.", "", f"![regime map]({figure})", "", markdown(shown), ""]  # fmt: skip
+    anchors = regime.anchors(table, pd.read_csv(PUBLISHED))
+    anchor_table = anchors[["model", "anchor"]].copy()
+    for column in ("entropy_nats", "ours", "published", "ours_over_published"):
+        anchor_table[column] = [cell(v, ".2f") for v in anchors[column]]
+    lines += ["## Against the published ratios", "",
+              "Each model's SJD step compression over AR (official schedule, window 16), and SCD's and "
+              "SJD-PAC's (official schedule, window 64) over that SJD's, next to what the papers report on "
+              "Lumina-mGPT 7B (`results/paper/published.csv`); 1.00 in the last column reproduces the paper.", "",
+              markdown(anchor_table), ""]  # fmt: skip
+    best = regime.goal(table)
+    lines += ["## Twice official SJD, losslessly", ""]
+    if best is None:
+        lines += ["No run has official-schedule SJD at window 16.", ""]
+    elif best["decoder"] is None:
+        lines += [f"On `{best['model']}` no decoder besides SJD passed its audit at window 16.", ""]
+    else:
+        lines += [
+            f"On `{best['model']}`, the model whose official-schedule SJD at window 16 compresses closest to the "
+            f"published {regime.SJD_PUBLISHED:.2f}x, the audited lossless decoder with the highest step compression "
+            f"at window 16 is `{best['decoder']}`: {best['vs_official_sjd']:.2f}x official-schedule SJD's step "
+            f"compression (target 2x) and {best['vs_harness_sjd']:.2f}x harness-schedule SJD's (target 1.5x), "
+            f"latency speedup {best['latency_speedup']:.2f} and efficiency {best['efficiency']:.2f} over AR, "
+            f"audit p = {best['audit_p']:.3g}.",
+            "",
+        ]
+    return lines
 
 
 def render_headline(results_dir: Path) -> str:
@@ -257,8 +320,9 @@ def with_headline(readme: str, block: str) -> str:
     return f"{head}{begin}\n{block}\n{end}{tail}"
 
 
-def render_all(results_dir: Path, conf_dir: Path, out_dir: Path) -> list[Path]:
-    """Every page whose CSV is present, and the index; the paths written."""
+def render_all(results_dir: Path, conf_dir: Path, out_dir: Path, tables_dir: Path | None = None) -> list[Path]:
+    """Every page whose CSV is present, and the index; the paths written. A regime page's combined
+    table goes to tables_dir (default out_dir; `make docs` passes results/)."""
     pages = load_studies(conf_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written, index = [], []
@@ -267,7 +331,7 @@ def render_all(results_dir: Path, conf_dir: Path, out_dir: Path) -> list[Path]:
             raise ValueError(f"{csv}: no overlay in {conf_dir} has study.page {csv.stem!r}")
         results = pd.read_csv(csv)
         out = out_dir / f"{csv.stem}.md"
-        out.write_text(render_page(csv.stem, results, pages[csv.stem], out_dir))
+        out.write_text(render_page(csv.stem, results, pages[csv.stem], out_dir, tables_dir))
         written.append(out)
         index.append(f"| [{csv.stem}]({csv.stem}.md) | {'; '.join(s.title for s in pages[csv.stem])} |")
     readme = out_dir / "README.md"
@@ -296,7 +360,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
     ap.add_argument("--readme", type=Path, default=ROOT / "README.md", help="README whose headline block to fill")
     args = ap.parse_args()
-    for path in render_all(args.results, args.conf, args.out):
+    for path in render_all(args.results, args.conf, args.out, ROOT / "results"):
         print(path)
     args.readme.write_text(with_headline(args.readme.read_text(), render_headline(args.results)))
     print(args.readme)

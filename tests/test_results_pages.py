@@ -131,3 +131,62 @@ def test_the_readme_headline_is_generated_from_its_study_csv(pages):
     assert readme == expected, "README.md's headline table is stale: run make docs"
     begin, end = pages.HEADLINE_MARKERS
     assert "step compression" in readme.split(begin, 1)[1].split(end, 1)[0]
+
+
+REGIME_OVERLAY = """\
+# @package _global_
+experiment_name: regime
+results_csv: results/studies/regime.csv
+study:
+  page: regime
+  title: A tiny regime map
+  question: How do the decoders fare across models?
+  commands:
+    - python run.py experiment=regime model=a decoder.window=16
+    - python run.py experiment=regime model=b decoder.window=16
+  figure: regime
+"""
+
+
+def regime_rows(model: str, entropy: float, compressions: dict[str, float], audit_p: dict[str, float]) -> list[dict]:
+    names = ["ar", *compressions]
+    configs = {"ar": {"name": "ar"}} | {d: {"name": d, "window": 16, "schedule": "official" if "official" in d
+                                           else "harness"} for d in compressions}  # fmt: skip
+    lossless = {d: d != "lossy" for d in names}
+    common = {"model": model, "prompt_set": "toy", "prompt_selection": "first 2 of 64", "batch_size": 1,
+              "device": "cpu", "git_hash": "0123abcd", "config_fingerprint": f"fp{model}", "baseline": "ar",
+              "command": f"python run.py experiment=regime model={model} decoder.window=16", "run_dir": model,
+              "decoder_configs": json.dumps(configs), "decoder_lossless": json.dumps(lossless), "n_prompts": 2,
+              "seeds_per_prompt": 1, "audit_n": 8, "audit_noise_tv": 0.1}  # fmt: skip
+    steps = {"ar": 1.0, **compressions}
+    return [
+        {**common, "decoder": d, "schedule": configs[d].get("schedule", ""), "step_compression": steps[d],
+         "n_forward": 100 / steps[d], "latency_speedup": steps[d] / 2, "efficiency": 0.9,
+         "entropy_nats": entropy if d == "ar" else None, "audit_p": audit_p.get(d, 0.5), "audit_tv": 0.1}
+        for d in names
+    ]  # fmt: skip
+
+
+def test_a_regime_page_joins_its_runs_with_ratios_anchors_and_the_goal(pages, tmp_path):
+    conf, results, out, tables = (tmp_path / d for d in ("conf", "results", "docs", "tables"))
+    conf.mkdir()
+    results.mkdir()
+    (conf / "regime.yaml").write_text(REGIME_OVERLAY)
+    # model a: official SJD at 2.0 (closest to the published 2.22); csjd 4.2 but its audit rejects it, so
+    # the goal's decoder is scd (3.0); lossy is fastest but is not lossless
+    a = regime_rows("a", 4.5, {"sjd_official": 2.0, "sjd_harness": 2.5, "scd_official": 3.0, "csjd_official": 4.2,
+                               "lossy": 5.0}, {"csjd_official": 1e-4})  # fmt: skip
+    b = regime_rows("b", 0.7, {"sjd_official": 4.0, "sjd_harness": 4.0, "scd_official": 4.4, "lossy": 5.0}, {})
+    pd.DataFrame(a + b).to_csv(results / "regime.csv", index=False)
+    pages.render_all(results, conf, out, tables)
+    table = pd.read_csv(tables / "regime.csv")
+    assert list(table["model"].unique()) == ["b", "a"]  # ordered by entropy
+    row = table[(table["model"] == "a") & (table["decoder"] == "scd_official")].iloc[0]
+    assert (row["entropy_nats"], row["vs_official_sjd"], row["vs_harness_sjd"]) == (4.5, 1.5, 1.2)
+    flags = table[table["model"] == "a"].set_index("decoder")
+    assert flags.loc["csjd_official", "lossless"] and not flags.loc["csjd_official", "audited_lossless"]
+    assert not flags.loc["lossy", "lossless"]
+    page = (out / "regime.md").read_text()
+    assert "![regime map](regime.png)" in page and (out / "regime.png").is_file()
+    assert "| a | SJD over AR | 4.50 | 2.00 | 2.22 | 0.90 |" in page  # published SJD: 2.22x
+    assert "On `a`," in page and "is `scd_official`: 1.50x official-schedule SJD's" in page

@@ -112,8 +112,14 @@ def marginal_test(samples: np.ndarray, reference: np.ndarray) -> AuditResult:
         a = np.array([(samples[:, pos] == i).sum() for i in ids], float)
         b = np.array([(reference[:, pos] == i).sum() for i in ids], float)
         tvs.append(0.5 * np.abs(a / a.sum() - b / b.sum()).sum())
-        keep = (a + b) >= 2 * MIN_EXPECTED  # pool rare ids into one bin
-        table = np.stack([np.append(a[keep], a[~keep].sum()), np.append(b[keep], b[~keep].sum())])
+        keep = (a + b) >= 2 * MIN_EXPECTED
+        # Rare ids are pooled by id into as many bins as their count fills (at least one): at high entropy
+        # most ids are rare, and one pooled bin would leave the test nothing to compare.
+        n_pools = max(1, int((a[~keep] + b[~keep]).sum() // (2 * MIN_EXPECTED)))
+        pool = ids[~keep] % n_pools
+        rare_a = np.bincount(pool, weights=a[~keep], minlength=n_pools)
+        rare_b = np.bincount(pool, weights=b[~keep], minlength=n_pools)
+        table = np.stack([np.append(a[keep], rare_a), np.append(b[keep], rare_b)])
         table = table[:, table.sum(0) > 0]
         if table.shape[1] < 2:
             continue
@@ -121,7 +127,7 @@ def marginal_test(samples: np.ndarray, reference: np.ndarray) -> AuditResult:
         p_values.append(p)
         dofs += dof
     if not p_values:
-        return AuditResult(0.0, 1.0, 0)
+        return AuditResult(float(np.mean(tvs)) if tvs else 0.0, 1.0, 0)
     return AuditResult(float(np.mean(tvs)), float(min(1.0, min(p_values) * len(p_values))), dofs)
 
 

@@ -1,7 +1,9 @@
 """Plain autoregressive decoding: the reference distribution every other decoder must match.
 
 One forward per token (the prefill predicts the first), with CFG rows batched in the same
-forward and the shared logits pipeline, exactly as the speculative decoders use them.
+forward and the shared logits pipeline, exactly as the speculative decoders use them. It also
+reports each sample's mean entropy (nats) of the sampling distribution over its code positions,
+at the run's sampling settings: the regime a decoder runs in (docs/design.md, "Regimes").
 """
 
 from __future__ import annotations
@@ -35,17 +37,25 @@ class ARDecoder(Decoder):
         t0 = time.perf_counter()
         logits = clock.prefill(prompts, sampling.uses_uncond)
         t_prefill = time.perf_counter() - t0
+        entropy = torch.zeros(B, dtype=torch.float64, device=device)  # summed over code positions
+        measure_s = 0.0
+        free = (layout.forced < 0).tolist()
         clock.stages.begin()
         for pos in range(layout.n_tokens):
             positions = torch.full((B, 1), pos, device=device)
             probs = logits_to_probs(logits, positions, layout, sampling)  # [B, 1, V]
             clock.lap("pipeline")
+            if free[pos]:  # a measurement, not decoding: kept out of the decode time and its split
+                t_measure = time.perf_counter()
+                entropy += torch.special.entr(probs[:, 0]).sum(-1)
+                clock.stages.exclude()
+                measure_s += time.perf_counter() - t_measure
             tokens[:, pos] = sample_rows(probs[:, 0], generators)
             clock.lap("verify")
             if pos + 1 < layout.n_tokens:  # the last token needs no forward of its own
                 logits = clock.forward(tokens[:, pos : pos + 1], [pos] * B)
         device_sync(device)
-        decode_s = time.perf_counter() - t0 - t_prefill
+        decode_s = time.perf_counter() - t0 - t_prefill - measure_s
 
         return DecodeResult(
             tokens=tokens.cpu(),
@@ -56,4 +66,5 @@ class ARDecoder(Decoder):
             model_s=clock.model_s,
             stage_s=clock.stages.split(decode_s),
             extras={"stage_laps": clock.stages.n_laps},
+            entropy_nats=(entropy / max(1, sum(free))).tolist(),
         )

@@ -30,6 +30,9 @@ class DecodeResult:
     model_s: float = 0.0  # time inside model forwards (prefill included)
     stage_s: dict[str, float] = field(default_factory=dict)  # decode_s split by stage (sjd.decoders.stages)
     extras: dict = field(default_factory=dict)
+    # per row: mean entropy (nats) of the sampling distribution over code positions, where the decoder
+    # measures it (AR does); None elsewhere
+    entropy_nats: list[float] | None = None
 
     @property
     def latency_s(self) -> float:

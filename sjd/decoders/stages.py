@@ -49,13 +49,24 @@ class StageClock:
             self.seconds[stage] += now - self._last
             self._last = now
 
+    def exclude(self) -> None:
+        """The time since the previous lap was measurement, not decoding: it goes to no stage (the
+        decoder also leaves it out of its decode time)."""
+        if not self.running:
+            return
+        if self.cuda:
+            self._events.append(("", self._record()))
+        else:
+            self._last = time.perf_counter()
+
     def split(self, decode_s: float) -> dict[str, float]:
         """Seconds per stage over a decode loop of `decode_s` wall seconds; "other" takes the rest,
         so the stages sum to decode_s. Call after the device is idle."""
         self.running = False
         if self.cuda:  # the GPU timeline between consecutive laps, idle gaps waiting for the host included
             for (_, before), (stage, after) in zip(self._events, self._events[1:]):
-                self.seconds[stage] += before.elapsed_time(after) / 1000
+                if stage:  # "" marks an excluded span
+                    self.seconds[stage] += before.elapsed_time(after) / 1000
             self._events = []
         named = sum(v for k, v in self.seconds.items() if k != "other")
         self.seconds["other"] = max(decode_s - named, 0.0) if decode_s > 0 else 0.0

@@ -27,6 +27,7 @@ SUMMARY_COLUMNS = [
     "schedule",
     "n_prompts",
     "n_tokens",
+    "entropy_nats",
     "n_forward",
     "step_compression",
     "latency_s",
@@ -180,6 +181,7 @@ def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.Dat
                 "schedule": meta.get("decoder_configs", {}).get(decoder, {}).get("schedule", ""),  # "" for AR
                 "n_prompts": len(df),
                 "n_tokens": float(df["n_tokens"].mean()),
+                "entropy_nats": mean_entropy(df),
                 "n_forward": float(df["n_forward"].mean()),
                 "step_compression": float(df["n_tokens"].sum() / df["n_forward"].sum()),
                 "latency_s": float(df["latency_s"].mean()),
@@ -207,6 +209,15 @@ def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.Dat
         if key not in summary.columns:
             summary[key] = value if not isinstance(value, dict | list) else json.dumps(value, sort_keys=True)
     return summary
+
+
+def mean_entropy(df: pd.DataFrame) -> float:
+    """The samples' mean per-token entropy of the sampling distribution (nats), where the decoder
+    measured it (AR); NaN otherwise, and for samples written before it was recorded."""
+    if "entropy_nats" not in df:
+        return float("nan")
+    values = pd.to_numeric(df["entropy_nats"], errors="coerce")
+    return float(values.mean()) if values.notna().all() else float("nan")
 
 
 def stage_fractions(df: pd.DataFrame) -> dict[str, float]:

@@ -208,6 +208,7 @@ def _run_rank(
         "batch_size": cfg.batch_size,
         "sampling": OmegaConf.to_container(cfg.model.sampling),
         "decoder_configs": {d.name: d.config() for d in decoders},
+        "decoder_lossless": {d.name: d.lossless for d in decoders},
         "baseline": baseline,
         "device": dp.device,
         "world_size": dp.info.world_size,
@@ -323,6 +324,7 @@ def decode_prompts(
                         "peak_mem_mb": mem,
                         "peak_mem_kind": mem_kind,
                         "accepted": result.accepted[b],
+                        "entropy_nats": None if result.entropy_nats is None else result.entropy_nats[b],
                         "tokens": result.tokens[b].tolist(),
                     }
                 )

@@ -1,0 +1,121 @@
+"""The regime map: every decoder's step compression across models of different entropy, from runs.
+
+Input: the latest run of each regime-map command (`conf/experiment/regime_map.yaml`), one model and
+one window per run, with AR as the baseline and SJD under both schedules named `sjd_official` and
+`sjd_harness`. Output, one row per (model, decoder, window):
+
+    model, entropy_nats, decoder, schedule, window, step_compression, vs_official_sjd, vs_harness_sjd,
+    latency_speedup, efficiency, lossless, audit_p, audit_tv, audit_noise_tv, audited_lossless
+
+`window` is the run's (SJD's window; PJD and ZipAR keep their own row-wise settings in every run),
+`entropy_nats` is AR's mean per-token entropy of the sampling distribution on the run's prompts (the
+regime), `vs_*_sjd` are step compression over that SJD's in the same run, `lossless` is what the
+decoder claims, and `audited_lossless` is a lossless claim whose audit did not reject it at AUDIT_ALPHA.
+
+The anchors compare each model with what the papers report on Lumina-mGPT 7B (768 px, COCO): SJD's
+step compression over AR, and SCD's and SJD-PAC's (both at window 64, their papers' setting) over
+SJD paper's at window 16, the comparison SJD-PAC's table makes (results/paper/published.csv holds
+the rows; SCD's own table puts SJD at window 64, 2.31x, beside it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+REGIME_COLUMNS = [
+    "model", "entropy_nats", "decoder", "schedule", "window", "step_compression", "vs_official_sjd",
+    "vs_harness_sjd", "latency_speedup", "efficiency", "lossless", "audit_p", "audit_tv", "audit_noise_tv",
+    "audited_lossless",
+]  # fmt: skip
+OFFICIAL_SJD, HARNESS_SJD = "sjd_official", "sjd_harness"
+AUDIT_ALPHA = 0.01
+SJD_PUBLISHED = 2.22  # SJD's step compression on Lumina-mGPT 7B (results/paper/published.csv, sjd_lumina_coco5k)
+# (anchor, our decoder, its window, our reference decoder, its window, published (table, method) of each)
+SJD_ROW = ("sjd_lumina_coco5k", "sjd")
+ANCHORS = [
+    ("SJD over AR", OFFICIAL_SJD, 16, "ar", None, SJD_ROW, ("sjd_lumina_coco5k", "ar")),
+    ("SCD over SJD", "scd_official", 64, OFFICIAL_SJD, 16, ("scd_lumina_coco5k", "scd_gumbel"), SJD_ROW),
+    ("SJD-PAC over SJD", "sjd_pac_official", 64, OFFICIAL_SJD, 16, ("sjd_pac_lumina_coco5k", "sjd_pac"), SJD_ROW),
+]
+
+
+def run_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """The regime rows of one run (one model, one window)."""
+    configs = json.loads(rows["decoder_configs"].iloc[0])
+    baseline = rows["baseline"].iloc[0]
+    by_name = rows.set_index("decoder")
+    missing = [d for d in (baseline, OFFICIAL_SJD, HARNESS_SJD) if d not in by_name.index]
+    if missing:
+        raise ValueError(f"regime map run {rows['run_dir'].iloc[0]} lacks the decoder(s) {missing}")
+    window = int(configs[OFFICIAL_SJD]["window"])  # the run's window; PJD and ZipAR keep their own settings
+    entropy = float(by_name.loc[baseline, "entropy_nats"])
+    lossless = json.loads(rows["decoder_lossless"].iloc[0])
+    table = pd.DataFrame(
+        {
+            "model": rows["model"].values,
+            "entropy_nats": entropy,
+            "decoder": rows["decoder"].values,
+            "schedule": rows["schedule"].fillna("").values,
+            "window": window,
+            "step_compression": rows["step_compression"].values,
+            "vs_official_sjd": rows["step_compression"].values / by_name.loc[OFFICIAL_SJD, "step_compression"],
+            "vs_harness_sjd": rows["step_compression"].values / by_name.loc[HARNESS_SJD, "step_compression"],
+            "latency_speedup": rows["latency_speedup"].values,
+            "efficiency": rows["efficiency"].values,
+            "lossless": [bool(lossless[d]) for d in rows["decoder"]],
+        }
+    )
+    for column in ("audit_p", "audit_tv", "audit_noise_tv"):
+        table[column] = rows[column].values if column in rows else np.nan
+    table["audited_lossless"] = table["lossless"] & (table["audit_p"] >= AUDIT_ALPHA)
+    return table[REGIME_COLUMNS]
+
+
+def regime_table(runs: list[pd.DataFrame]) -> pd.DataFrame:
+    """Every run's rows, ordered by entropy, model, window, decoder."""
+    table = pd.concat([run_table(r) for r in runs], ignore_index=True)
+    return table.sort_values(["entropy_nats", "model", "window"], kind="stable").reset_index(drop=True)
+
+
+def anchors(table: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
+    """Per model: each anchor ratio, ours and published, and ours over published (1 = reproduced)."""
+
+    def compression(model: str, decoder: str, window: int | None) -> float:
+        rows = table[(table["model"] == model) & (table["decoder"] == decoder)]
+        if window is not None:
+            rows = rows[rows["window"] == window]
+        return float(rows["step_compression"].iloc[0]) if len(rows) else float("nan")
+
+    def published_compression(row: tuple[str, str]) -> float:
+        rows = published[(published["table"] == row[0]) & (published["method"] == row[1])]
+        return float(rows["step_compression"].iloc[0]) if len(rows) else float("nan")
+
+    out = []
+    for model in dict.fromkeys(table["model"]):
+        entropy = float(table.loc[table["model"] == model, "entropy_nats"].iloc[0])
+        for name, decoder, window, ref, ref_window, pub, pub_ref in ANCHORS:
+            ours = compression(model, decoder, window) / (1.0 if ref == "ar" else compression(model, ref, ref_window))
+            theirs = published_compression(pub) / published_compression(pub_ref)
+            out.append({"model": model, "entropy_nats": entropy, "anchor": name, "ours": ours, "published": theirs,
+                        "ours_over_published": ours / theirs})  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def goal(table: pd.DataFrame, window: int = 16, target: float = SJD_PUBLISHED) -> dict | None:
+    """On the model whose official SJD at `window` compresses closest to `target` (SJD's published
+    step compression), the audited lossless decoder with the highest step compression at that window."""
+    sjd = table[(table["decoder"] == OFFICIAL_SJD) & (table["window"] == window)]
+    if sjd.empty:
+        return None
+    model = sjd.loc[(sjd["step_compression"] - target).abs().idxmin(), "model"]
+    rows = table[(table["model"] == model) & (table["window"] == window) & table["audited_lossless"]]
+    rows = rows[~rows["decoder"].isin(["ar", OFFICIAL_SJD, HARNESS_SJD])]
+    if rows.empty:
+        return {"model": model, "decoder": None}
+    best = rows.loc[rows["step_compression"].idxmax()]
+    keys = ("model", "entropy_nats", "decoder", "schedule", "window", "step_compression", "vs_official_sjd",
+            "vs_harness_sjd", "latency_speedup", "efficiency", "audit_p")  # fmt: skip
+    return {k: best[k] for k in keys}

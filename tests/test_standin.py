@@ -1,0 +1,144 @@
+"""The stand-in models: shipped checkpoints load through their configs with the real layouts, pass the
+adapter contract, were trained (they predict procedural images, and their spatial order), and the
+training script rebuilds a checkpoint from a seed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from adapter_contract import AdapterContract
+from hydra.utils import instantiate
+from safetensors.torch import load_file
+
+from sjd.core.sampling import SamplingConfig
+from sjd.decoders.ar import ARDecoder
+from sjd.harness.provenance import make_generators
+from sjd.models.standin import StandinLuminaAdapter
+from sjd.standin.procedural import ProceduralImages, Theme, all_themes
+from sjd.standin.training import TrainSettings, code_loss, make_batch
+from sjd.types import Prompt
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDINS = sorted(p.stem for p in (ROOT / "conf" / "model").glob("standin_*.yaml"))
+LAYOUTS = {512: (32, 32, 3 + 32 * 33 + 2), 768: (48, 48, 3 + 48 * 49 + 2)}  # Lumina-mGPT's grammar
+PROMPTS = [Prompt("s0", "a busy red field with blue patches"), Prompt("s1", "a smooth gray field with teal patches")]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def standin():
+    return StandinLuminaAdapter(asset="standin_lumina_512")
+
+
+@pytest.mark.parametrize("name", STANDINS)
+def test_every_shipped_standin_loads_through_its_config_with_the_real_layout(compose_cfg, name):
+    cfg = compose_cfg([f"model={name}", "prompts=standin"])
+    adapter = instantiate(cfg.model.adapter, device="cpu")
+    height, width, n_tokens = LAYOUTS[int(adapter.meta["resolution"])]
+    layout = adapter.layout
+    assert (layout.height, layout.width, layout.n_tokens) == (height, width, n_tokens)
+    assert len(adapter.vocab.code_ids) == 8192 and int(layout.free_tokens.sum()) == 8192
+    assert (cfg.model.sampling.cfg_scale, cfg.model.sampling.top_k) == (3.0, 2000)  # Lumina-mGPT's settings
+    assert Theme.parse(cfg.model.audit_prompt)
+    assert (ROOT / "sjd" / "assets" / name / "model.safetensors").stat().st_size < 3_000_000  # small
+
+
+@pytest.mark.parametrize("name", STANDINS)
+def test_every_shipped_standin_learned_the_images_and_their_spatial_order(name):
+    """Cross-entropy on procedural images well below a uniform guess over the codes, and below the same
+    images with their codes shuffled across positions: the model uses where a code is, not only which."""
+    adapter = StandinLuminaAdapter(asset=name)
+    images, settings = adapter.images, TrainSettings(batch_size=2, seed=12345)
+    with torch.no_grad():
+        batch = make_batch(adapter, images, settings, step=0)
+        loss = float(code_loss(adapter, batch))
+        ids, mask, positions, where, targets = batch
+        order = torch.randperm(where.shape[1], generator=torch.Generator().manual_seed(0))
+        shuffled = ids.clone()
+        shuffled.scatter_(1, where + 1, ids.gather(1, (where + 1)[:, order]))
+        loss_shuffled = float(code_loss(adapter, (shuffled, mask, positions, where, targets[:, order])))
+    assert loss < np.log(8192) - 2.0, loss
+    assert loss < loss_shuffled - 0.3, (loss, loss_shuffled)
+
+
+class TestStandinLumina(AdapterContract):
+    prompts = PROMPTS
+    atol = 5e-4  # trained weights give larger logits than the random test models
+
+    @pytest.fixture
+    def adapter(self, standin):
+        return standin
+
+    def fresh_logits(self, adapter, row, generated, positions=None):
+        B = len(self.prompts)
+        ids = adapter.row_ids(self.prompts[row].text) if row < B else [adapter.vocab.end_of_turn]
+        T = len(ids)
+        full = torch.cat([torch.tensor(ids), generated])[None]
+        at = torch.arange(len(generated)) if positions is None else torch.as_tensor(positions)
+        with torch.no_grad():
+            hidden = adapter.model.model(input_ids=full, position_ids=torch.cat([torch.arange(T), T + at])[None])
+            return adapter.model.lm_head(hidden.last_hidden_state)[0, T - 1 :].float()
+
+    def image_size(self, adapter):
+        return 32 * 8, 32 * 8
+
+    def codebook(self, adapter):
+        return adapter.vocab.code_ids, adapter.colours
+
+
+def test_ar_reports_the_entropy_of_its_sampling_distribution(standin):
+    """Between 0 and log(top_k) nats at Lumina's settings; 0 when greedy (one-hot distributions)."""
+    prompts, gens = PROMPTS[:1], lambda: make_generators(0, ["s0"], torch.device("cpu"))
+    sampled = ARDecoder().generate(standin, prompts, SamplingConfig(3.0, 1.0, 2000), gens())
+    assert 1.0 < sampled.entropy_nats[0] < np.log(2000)
+    greedy = ARDecoder().generate(standin, prompts, SamplingConfig(3.0, 0.0), gens())
+    assert greedy.entropy_nats[0] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_caption_outside_the_tokenizer_names_the_prompt_and_the_character(standin):
+    with pytest.raises(ValueError, match=r"prompt 'bad'.*\['é'\]"):
+        standin.check_prompts([Prompt("bad", "a smooth red field with blue patchés")])
+
+
+def test_procedural_captions_parse_back_and_noise_sets_how_many_codes_a_pixel_can_become():
+    themes = all_themes()
+    assert len(themes) == 168 and all(Theme.parse(t.caption) == t for t in themes)
+    with pytest.raises(ValueError, match="not a stand-in caption"):
+        Theme.parse("a red fox in the snow")
+    distinct = []
+    for noise in (0.005, 0.05):
+        images = ProceduralImages(noise=noise)
+        codes = images.sample(themes[0], 32, 32, np.random.default_rng(0), images.codebook())
+        distinct.append(len(np.unique(codes)))
+    assert distinct[0] * 3 < distinct[1], distinct
+
+
+def test_the_training_script_rebuilds_a_checkpoint_from_its_seed(tmp_path):
+    """Two runs of the same recipe write the same weights, and the checkpoint loads as a stand-in."""
+    outs = []
+    for run in ("a", "b"):
+        out = tmp_path / run
+        cmd = [sys.executable, str(ROOT / "scripts" / "train_standin.py"), "--custom", "tiny", "--resolution", "64",
+               "--steps", "2", "--batch-size", "2", "--out", str(out)]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outs.append(load_file(out / "model.safetensors"))
+    assert outs[0].keys() == outs[1].keys()
+    assert all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0])
+    adapter = StandinLuminaAdapter(weights=str(tmp_path / "a"), name="tiny")
+    assert (adapter.layout.height, adapter.meta["steps"]) == (4, 2)
+
+
+def test_a_missing_standin_names_the_key_and_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"model\.adapter\.weights.*train_standin"):
+        StandinLuminaAdapter(weights=str(tmp_path / "nothing"), name="x")
+    with pytest.raises(FileNotFoundError, match=r"model\.adapter\.asset"):
+        StandinLuminaAdapter(asset="no_such_standin", name="x")
+    with pytest.raises(ValueError, match=r"model\.adapter\.resolution=768.*trained at 512"):
+        StandinLuminaAdapter(asset="standin_lumina_512", resolution=768)
