@@ -22,7 +22,14 @@ import torch
 
 from sjd.standin.lumina import build_model, character_tokenizer, save, vocabulary
 from sjd.standin.procedural import ProceduralImages, all_themes
-from sjd.standin.training import TrainSettings, train
+from sjd.standin.training import (
+    TrainSettings,
+    init_code_embeddings,
+    init_llamagen_code_embeddings,
+    llamagen_loss,
+    lumina_loss,
+    train,
+)
 
 ASSETS = Path(__file__).resolve().parents[1] / "sjd" / "assets"
 # The shipped family (conf/model/standin_*.yaml): each one's arguments. Threads are part of the recipe:
@@ -32,9 +39,10 @@ STANDINS = {
     "standin_lumina_512_smooth": dict(resolution=512, noise=0.04, streak=0.0),
     "standin_lumina_512_low": dict(resolution=512, noise=0.01, streak=0.0),
     "standin_lumina_768": dict(resolution=768, noise=0.03, streak=0.05, streak_corr=0.6),
+    "standin_llamagen_512": dict(family="llamagen", resolution=512, noise=0.03, streak=0.05, streak_corr=0.6),
 }
-DEFAULTS = dict(resolution=512, noise=0.04, streak=0.0, streak_corr=0.85, steps=200, batch_size=4, lr=3e-3, hidden=64,
-                layers=2, heads=4, seed=0, codebook_seed=0, threads=1)  # fmt: skip
+DEFAULTS = dict(family="lumina", resolution=512, noise=0.04, streak=0.0, streak_corr=0.85, steps=200, batch_size=4,
+                lr=3e-3, hidden=64, layers=2, heads=4, seed=0, codebook_seed=0, threads=1)  # fmt: skip
 
 
 PROMPTS = ASSETS / "prompts" / "standin.tsv"
@@ -50,10 +58,37 @@ def write_prompts(path: Path) -> None:
 
 
 def build(name: str, settings: dict, out: Path) -> None:
+    a = {**DEFAULTS, **settings}
+    if a["family"] not in ("lumina", "llamagen"):
+        raise SystemExit(f"--family must be lumina or llamagen, got {a['family']!r}")
+    torch.set_num_threads(a["threads"])
+    (build_llamagen if a["family"] == "llamagen" else build_lumina)(name, a, out)
+
+
+def build_llamagen(name: str, a: dict, out: Path) -> None:
+    from sjd.models.llamagen import LlamaGenAdapter
+    from sjd.standin import llamagen
+
+    if a["resolution"] != 512:
+        raise SystemExit("a LlamaGen stand-in has LlamaGen-XL's 512 px layout (32 x 32 codes): --resolution 512")
+    n_codes = 16384
+    parts = llamagen.build_parts(a["hidden"], a["layers"], a["heads"], a["seed"])
+    adapter = LlamaGenAdapter.from_parts(*parts, name=name)
+    images = ProceduralImages(n_codes=n_codes, noise=a["noise"], codebook_seed=a["codebook_seed"], streak=a["streak"],
+                              streak_corr=a["streak_corr"])  # fmt: skip
+    train_settings = TrainSettings(steps=a["steps"], batch_size=a["batch_size"], lr=a["lr"], seed=a["seed"])
+    print(f"{name}: {a}")
+    init_llamagen_code_embeddings(adapter, images)
+    history = train(adapter.gpt, lambda step: llamagen_loss(adapter, images, train_settings, step), train_settings)
+    meta = {**a, "n_codes": n_codes, "final_loss_nats": round(history[-1]["loss"], 4),
+            "train_seconds": round(history[-1]["seconds"])}  # fmt: skip
+    llamagen.save(adapter.gpt, *parts[1:], out, meta)
+    print(f"wrote {out}")
+
+
+def build_lumina(name: str, a: dict, out: Path) -> None:
     from sjd.models.lumina import LuminaAdapter
 
-    a = {**DEFAULTS, **settings}
-    torch.set_num_threads(a["threads"])
     n_codes = 8192
     model = build_model(n_codes, a["hidden"], a["layers"], a["heads"], max_positions=4096, seed=a["seed"])
     tokenizer = character_tokenizer(vocabulary(n_codes))
@@ -63,7 +98,8 @@ def build(name: str, settings: dict, out: Path) -> None:
                               streak_corr=a["streak_corr"])  # fmt: skip
     train_settings = TrainSettings(steps=a["steps"], batch_size=a["batch_size"], lr=a["lr"], seed=a["seed"])
     print(f"{name}: {a}")
-    history = train(adapter, images, train_settings)
+    init_code_embeddings(adapter, images)
+    history = train(adapter.model, lambda step: lumina_loss(adapter, images, train_settings, step), train_settings)
     meta = {**a, "n_codes": n_codes, "final_loss_nats": round(history[-1]["loss"], 4),
             "train_seconds": round(history[-1]["seconds"])}  # fmt: skip
     save(adapter.model, tokenizer, out, meta)

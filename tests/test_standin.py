@@ -18,14 +18,17 @@ from safetensors.torch import load_file
 from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
 from sjd.harness.provenance import make_generators
-from sjd.models.standin import StandinLuminaAdapter
+from sjd.models.standin import StandinLlamaGenAdapter, StandinLuminaAdapter
 from sjd.standin.procedural import ProceduralImages, Theme, all_themes
-from sjd.standin.training import TrainSettings, code_loss, make_batch
+from sjd.standin.training import TrainSettings, code_loss, llamagen_batch, llamagen_code_loss, make_batch
 from sjd.types import Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDINS = sorted(p.stem for p in (ROOT / "conf" / "model").glob("standin_*.yaml"))
-LAYOUTS = {512: (32, 32, 3 + 32 * 33 + 2), 768: (48, 48, 3 + 48 * 49 + 2)}  # Lumina-mGPT's grammar
+# (family, resolution) -> (height, width, tokens, codes): Lumina-mGPT's grammar, LlamaGen-XL's raster of codes
+LAYOUTS = {("lumina", 512): (32, 32, 3 + 32 * 33 + 2, 8192), ("lumina", 768): (48, 48, 3 + 48 * 49 + 2, 8192),
+           ("llamagen", 512): (32, 32, 32 * 32, 16384)}  # fmt: skip
+SETTINGS = {"lumina": (3.0, 2000), "llamagen": (7.5, 1000)}  # (CFG, top-k) of conf/model/lumina.yaml, llamagen.yaml
 PROMPTS = [Prompt("s0", "a busy red field with blue patches"), Prompt("s1", "a smooth gray field with teal patches")]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -40,23 +43,36 @@ def standin():
 def test_every_shipped_standin_loads_through_its_config_with_the_real_layout(compose_cfg, name):
     cfg = compose_cfg([f"model={name}", "prompts=standin"])
     adapter = instantiate(cfg.model.adapter, device="cpu")
-    height, width, n_tokens = LAYOUTS[int(adapter.meta["resolution"])]
+    family = adapter.meta.get("family", "lumina")
+    height, width, n_tokens, n_codes = LAYOUTS[(family, int(adapter.meta["resolution"]))]
     layout = adapter.layout
     assert (layout.height, layout.width, layout.n_tokens) == (height, width, n_tokens)
-    assert len(adapter.vocab.code_ids) == 8192 and int(layout.free_tokens.sum()) == 8192
-    assert (cfg.model.sampling.cfg_scale, cfg.model.sampling.top_k) == (3.0, 2000)  # Lumina-mGPT's settings
+    assert int(layout.free_tokens.sum()) == n_codes == int(adapter.meta["n_codes"])
+    assert (cfg.model.sampling.cfg_scale, cfg.model.sampling.top_k) == SETTINGS[family]  # the real model's
     assert Theme.parse(cfg.model.audit_prompt)
-    assert (ROOT / "sjd" / "assets" / name / "model.safetensors").stat().st_size < 3_000_000  # small
+    size = sum(f.stat().st_size for f in (ROOT / "sjd" / "assets" / name).rglob("*.safetensors"))
+    assert size < 8_000_000, size  # small
 
 
 @pytest.mark.parametrize("name", STANDINS)
 def test_every_shipped_standin_learned_the_images_and_their_spatial_order(name):
     """Cross-entropy on procedural images well below a uniform guess over the codes, and below the same
     images with their codes shuffled across positions: the model uses where a code is, not only which."""
+    settings = TrainSettings(batch_size=2, seed=12345)
+    if "llamagen" in name:
+        adapter = StandinLlamaGenAdapter(asset=name)
+        captions, codes, _ = llamagen_batch(adapter, adapter.images, settings, step=0)
+        keep = torch.zeros(len(captions), dtype=torch.bool)
+        order = torch.randperm(codes.shape[1], generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            loss = float(llamagen_code_loss(adapter, captions, codes, keep))
+            loss_shuffled = float(llamagen_code_loss(adapter, captions, codes[:, order], keep))
+        assert loss < np.log(16384) - 2.0, loss
+        assert loss < loss_shuffled - 0.3, (loss, loss_shuffled)
+        return
     adapter = StandinLuminaAdapter(asset=name)
-    images, settings = adapter.images, TrainSettings(batch_size=2, seed=12345)
     with torch.no_grad():
-        batch = make_batch(adapter, images, settings, step=0)
+        batch = make_batch(adapter, adapter.images, settings, step=0)
         loss = float(code_loss(adapter, batch))
         ids, mask, positions, where, targets = batch
         order = torch.randperm(where.shape[1], generator=torch.Generator().manual_seed(0))
@@ -133,6 +149,25 @@ def test_the_training_script_rebuilds_a_checkpoint_from_its_seed(tmp_path):
     assert all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0])
     adapter = StandinLuminaAdapter(weights=str(tmp_path / "a"), name="tiny")
     assert (adapter.layout.height, adapter.meta["steps"]) == (4, 2)
+
+
+def test_the_training_script_builds_a_llamagen_standin(tmp_path):
+    cmd = [sys.executable, str(ROOT / "scripts" / "train_standin.py"), "--custom", "tiny", "--family", "llamagen",
+           "--steps", "1", "--batch-size", "1", "--out", str(tmp_path / "lg")]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    adapter = StandinLlamaGenAdapter(weights=str(tmp_path / "lg"), name="tiny")
+    assert (adapter.layout.n_tokens, adapter.meta["family"]) == (1024, "llamagen")
+
+
+def test_the_llamagen_standin_loads_through_llamagens_loader_and_refuses_foreign_captions():
+    adapter = StandinLlamaGenAdapter()
+    assert (adapter.layout.n_tokens, adapter.layout.first_code, int(adapter.layout.forced.max())) == (1024, 0, -1)
+    tokens = torch.randint(16384, (1, 1024))
+    assert adapter.decode_images(tokens).shape == (1, 256, 256, 3)
+    assert torch.equal(adapter.code_embeddings()[:16384], adapter.colours)
+    with pytest.raises(ValueError, match="prompt 'fox': not a stand-in caption"):
+        adapter.check_prompts([Prompt("fox", "a red fox in the snow")])
 
 
 def test_a_missing_standin_names_the_key_and_the_path(tmp_path):

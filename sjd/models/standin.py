@@ -1,9 +1,10 @@
 """Stand-in models: real adapter architectures at tiny size, trained on procedural images.
 
-A stand-in is Lumina-mGPT's adapter (sjd.models.lumina: the same prompt, grammar, CFG rows and
-loader) over a tiny Chameleon trained by `scripts/train_standin.py` on procedural code images
-(sjd.standin.procedural) at the real layout, 32 x 32 codes at 512 px or 48 x 48 at 768 px, with
-the real 8192-code codebook size and sampling settings. The texture noise it was trained on sets
+A stand-in is a real model's adapter (the same prompt, grammar, CFG rows and loader) over a tiny
+network trained by `scripts/train_standin.py` on procedural code images (sjd.standin.procedural) at
+the real layout and codebook size, sampled with the real settings: Lumina-mGPT's (sjd.models.lumina,
+a tiny Chameleon; 32 x 32 codes at 512 px or 48 x 48 at 768 px, 8192 codes) and LlamaGen's
+(sjd.models.llamagen, our GPT; 32 x 32 codes at 512 px, 16384 codes). The texture noise it was trained on sets
 its per-token entropy, so a family of stand-ins spans the regimes decoders meet on real models
 (docs/real-models.md, "Stand-in models"). There is no VQGAN: an image is drawn by painting each
 code with its codebook colour, and that colour is the code embedding GSD and LANTERN-style
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from sjd.models.base import codebook_by_id
+from sjd.models.llamagen import LlamaGenAdapter
 from sjd.models.lumina import QUESTION, LuminaAdapter
 from sjd.standin.lumina import read_meta
 from sjd.standin.procedural import ProceduralImages, Theme
@@ -25,6 +27,30 @@ from sjd.types import Prompt
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 PIXELS_PER_CODE = 8
+
+
+def checkpoint_dir(asset: str, weights: str | None, name: str, marker: str) -> Path:
+    """The stand-in's directory: `weights` if given, else sjd/assets/<asset>; it must hold `marker`."""
+    directory = Path(weights).expanduser() if weights else ASSETS / asset
+    if not (directory / marker).is_file():
+        where = "model.adapter.weights" if weights else "model.adapter.asset"
+        raise FileNotFoundError(
+            f"model {name!r}: no stand-in checkpoint at {directory.absolute()} (from `{where}`); "
+            "build one with `python scripts/train_standin.py`"
+        )
+    return directory
+
+
+def paint(colours: torch.Tensor, codes: torch.Tensor) -> np.ndarray:
+    """[B, h, w] code indices -> [B, h * k, w * k, 3] uint8, each code a k x k block of its colour."""
+    big = colours[codes].repeat_interleave(PIXELS_PER_CODE, 1).repeat_interleave(PIXELS_PER_CODE, 2)
+    return (big * 255).round().to(torch.uint8).numpy()
+
+
+def procedural_images(meta: dict) -> ProceduralImages:
+    return ProceduralImages(n_codes=int(meta["n_codes"]), noise=float(meta["noise"]),
+                            codebook_seed=int(meta["codebook_seed"]), streak=float(meta.get("streak", 0)),
+                            streak_corr=float(meta.get("streak_corr", 0.85)))  # fmt: skip
 
 
 class StandinLuminaAdapter(LuminaAdapter):
@@ -42,13 +68,7 @@ class StandinLuminaAdapter(LuminaAdapter):
         dtype: str | None = "float32",
         prompt_template: str = QUESTION,
     ) -> None:
-        directory = Path(weights).expanduser() if weights else ASSETS / asset
-        if not (directory / "config.json").is_file():
-            where = "model.adapter.weights" if weights else "model.adapter.asset"
-            raise FileNotFoundError(
-                f"model {name!r}: no stand-in checkpoint at {directory.absolute()} (from `{where}`); "
-                "build one with `python scripts/train_standin.py`"
-            )
+        directory = checkpoint_dir(asset, weights, name, "config.json")
         meta = read_meta(directory)
         trained = int(meta["resolution"])
         if resolution is not None and int(resolution) != trained:
@@ -57,9 +77,7 @@ class StandinLuminaAdapter(LuminaAdapter):
             )
         super().__init__(str(directory), None, name, device, trained, dtype, False, prompt_template)
         self.meta = meta
-        self.images = ProceduralImages(n_codes=int(meta["n_codes"]), noise=float(meta["noise"]),
-                                       codebook_seed=int(meta["codebook_seed"]), streak=float(meta.get("streak", 0)),
-                                       streak_corr=float(meta.get("streak_corr", 0.85)))  # fmt: skip
+        self.images = procedural_images(meta)
         self.colours = torch.from_numpy(self.images.codebook())
 
     @staticmethod
@@ -79,11 +97,51 @@ class StandinLuminaAdapter(LuminaAdapter):
 
     def decode_images(self, tokens: torch.Tensor, chunk: int = 4) -> np.ndarray:
         """Each code painted in its codebook colour, PIXELS_PER_CODE pixels a side."""
-        colours = self.colours[self.image_codes(tokens)]  # [B, h, w, 3] in [0, 1]
-        big = colours.repeat_interleave(PIXELS_PER_CODE, 1).repeat_interleave(PIXELS_PER_CODE, 2)
-        return (big * 255).round().to(torch.uint8).numpy()
+        return paint(self.colours, self.image_codes(tokens))
 
     def procedural_codes(self, caption: str, rng: np.random.Generator) -> np.ndarray:
         """[h, w] codes of one training-distribution image for `caption` (what the stand-in imitates)."""
         layout = self.layout
         return self.images.sample(Theme.parse(caption), layout.height, layout.width, rng, self.images.codebook())
+
+
+class StandinLlamaGenAdapter(LlamaGenAdapter):
+    """A shipped LlamaGen stand-in (`asset`) or any directory (`weights`) holding gpt.safetensors,
+    vq.safetensors, t5/ and standin.json (sjd.standin.llamagen)."""
+
+    def __init__(
+        self,
+        asset: str = "standin_llamagen_512",
+        weights: str | None = None,
+        name: str = "standin_llamagen_512",
+        device: str = "cpu",
+        dtype: str | None = "float32",
+    ) -> None:
+        import json
+
+        from sjd.standin.llamagen import VQ_FIELDS, gpt_fields
+
+        directory = checkpoint_dir(asset, weights, name, "standin.json")
+        meta = json.loads((directory / "standin.json").read_text())
+        gpt = gpt_fields(int(meta["hidden"]), int(meta["layers"]), int(meta["heads"]))
+        super().__init__(str(directory / "gpt.safetensors"), str(directory / "vq.safetensors"), str(directory / "t5"),
+                         name, device, dtype, int(meta["resolution"]), gpt, VQ_FIELDS)  # fmt: skip
+        self.meta = meta
+        self.images = procedural_images(meta)
+        self.colours = torch.from_numpy(self.images.codebook())
+
+    def check_prompts(self, prompts: list[Prompt]) -> None:
+        super().check_prompts(prompts)
+        for p in prompts:  # the word-level tokenizer knows only the stand-in captions' words
+            try:
+                Theme.parse(p.text.lower().strip())
+            except ValueError as err:
+                raise ValueError(f"prompt {p.prompt_id!r}: {err}") from err
+
+    def code_embeddings(self) -> torch.Tensor:
+        return codebook_by_id(self.colours.to(self.device), torch.arange(len(self.colours)), self.layout)
+
+    def decode_images(self, tokens: torch.Tensor, chunk: int = 8) -> np.ndarray:
+        """Each code painted in its codebook colour, PIXELS_PER_CODE pixels a side."""
+        side = self.layout.height
+        return paint(self.colours, tokens.long().cpu().reshape(len(tokens), side, side))

@@ -4,7 +4,8 @@ Every training row is what the adapter decodes: the conditional prompt row of a 
 probability `p_uncond`, the one-token unconditional row, which is how CFG's unconditional branch
 is learned) followed by the layout's tokens with the image's codes in the free positions. The loss
 is cross-entropy over the code ids at code positions only: forced positions are never sampled.
-Batches are a pure function of (seed, step).
+For LlamaGen the row is its caption slots (or the learned null caption) then the codes. Batches
+are a pure function of (seed, step).
 """
 
 from __future__ import annotations
@@ -76,27 +77,67 @@ def code_loss(adapter: LuminaAdapter, batch) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+def code_features(images: ProceduralImages) -> torch.Tensor:
+    """[n_codes, 4] each code's colour (centred) and its squared norm: where code embeddings start."""
+    colours = torch.from_numpy(images.codebook()) - 0.5
+    return torch.cat([colours, colours.pow(2).sum(1, keepdim=True)], 1)
+
+
 @torch.no_grad()
-def init_code_embeddings(adapter: LuminaAdapter, images: ProceduralImages, scale: float = 1.0) -> None:
+def init_code_embeddings(adapter: LuminaAdapter, images: ProceduralImages) -> None:
     """Start each code's (tied) embedding at its colour and squared norm, plus the random rest: a real
     model's code embeddings come from a codebook-aware tokenizer, and training from this start takes
     minutes where learning 8192 embeddings from scratch would take hours on a CPU."""
-    colours = torch.from_numpy(images.codebook())
-    features = torch.cat([colours - 0.5, (colours - 0.5).pow(2).sum(1, keepdim=True)], 1)
-    weight = adapter.model.model.embed_tokens.weight
-    weight[adapter.vocab.code_ids, : features.shape[1]] = scale * features
+    features = code_features(images)
+    adapter.model.model.embed_tokens.weight[adapter.vocab.code_ids, : features.shape[1]] = features
 
 
-def train(adapter: LuminaAdapter, images: ProceduralImages, settings: TrainSettings, log_every: int = 25) -> list[dict]:
-    """Train `adapter.model` in place; returns the loss log (nats per code token)."""
-    init_code_embeddings(adapter, images)
-    model = adapter.model.train()
+@torch.no_grad()
+def init_llamagen_code_embeddings(adapter, images: ProceduralImages) -> None:
+    """As init_code_embeddings, for LlamaGen's untied input and output code tables (ids are code indices)."""
+    features = code_features(images)
+    adapter.gpt.tok_embeddings.weight[:, : features.shape[1]] = features
+    adapter.gpt.output.weight[:, : features.shape[1]] = features
+
+
+def llamagen_batch(adapter, images: ProceduralImages, settings: TrainSettings, step: int):
+    """(captions, codes [B, n] code indices, which rows take the null caption [B] bool)."""
+    rng = np.random.default_rng([settings.seed, step])
+    themes, codebook, layout = all_themes(), images.codebook(), adapter.layout
+    picked = [themes[rng.integers(len(themes))] for _ in range(settings.batch_size)]
+    codes = np.stack([images.sample(t, layout.height, layout.width, rng, codebook) for t in picked])
+    drop = torch.from_numpy(rng.random(len(picked)) < settings.p_uncond)
+    return [t.caption for t in picked], torch.from_numpy(codes).reshape(len(picked), -1).long(), drop
+
+
+def llamagen_code_loss(adapter, captions: list[str], codes: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the codes with LlamaGen's caption slots first; the learned null caption replaces
+    the caption where `drop` (keeping its padding mask, as LlamaGen's CFG rows do). The T5 stays fixed."""
+    gpt = adapter.gpt
+    features, mask = adapter.encode_captions(captions)
+    caption = torch.where(drop[:, None, None], gpt.uncond_caption(len(captions)), gpt.caption_embeddings(features))
+    embeds = torch.cat([caption, gpt.tok_embeddings(codes[:, :-1])], 1)
+    logits = gpt(embeds, prefix_mask=mask)[:, gpt.config.cls_token_num - 1 :]
+    return F.cross_entropy(logits.flatten(0, 1), codes.flatten())
+
+
+def llamagen_loss(adapter, images: ProceduralImages, settings: TrainSettings, step: int) -> torch.Tensor:
+    return llamagen_code_loss(adapter, *llamagen_batch(adapter, images, settings, step))
+
+
+def lumina_loss(adapter: LuminaAdapter, images: ProceduralImages, settings: TrainSettings, step: int) -> torch.Tensor:
+    return code_loss(adapter, make_batch(adapter, images, settings, step))
+
+
+def train(model: torch.nn.Module, loss_at, settings: TrainSettings, log_every: int = 25) -> list[dict]:
+    """Train `model` in place on `loss_at(step)`; returns the loss log (nats per code token)."""
+    model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
     history, t0 = [], time.perf_counter()
     for step in range(settings.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, settings)
-        loss = code_loss(adapter, make_batch(adapter, images, settings, step))
+        loss = loss_at(step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
