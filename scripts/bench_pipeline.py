@@ -16,6 +16,7 @@ Prints ratios measured in this run; asserts nothing about time.
    on CPU, with Lumina's sampling (conf/model/lumina.yaml), new pipeline and old pipeline patched
    in: the summary's stage fractions of decode time and efficiency (sjd.harness.results.summarize).
    A tiny model makes the forward cheap, so the pipeline's share is an upper bound for real models.
+   `--standin standin_lumina_512` decodes on a shipped stand-in instead (its captions, its 1061 steps).
    lap_cost_frac: the stage clock's own cost (laps made x one lap's cost) over decode time.
 """
 
@@ -156,8 +157,15 @@ def lap_seconds(n: int = 100_000) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def bench_decode(batches: list[int], old_batches: list[int], grids: int) -> pd.DataFrame:
-    adapter = tiny_lumina(grids)
+def bench_decode(batches: list[int], old_batches: list[int], grids: int, standin: str | None = None) -> pd.DataFrame:
+    if standin:
+        from sjd.models.standin import StandinLuminaAdapter
+        from sjd.standin.procedural import all_themes
+
+        adapter, captions = StandinLuminaAdapter(asset=standin, name=standin), [t.caption for t in all_themes()]
+    else:
+        adapter = tiny_lumina(grids)
+        captions = [f"prompt number {i}: a red fox in the snow" for i in range(max(batches))]
     lap_s = lap_seconds()
     print(f"one stage-clock lap: {1e6 * lap_s:.2f} us")
     s = OmegaConf.load(ROOT / "conf" / "model" / "lumina.yaml").sampling
@@ -166,7 +174,7 @@ def bench_decode(batches: list[int], old_batches: list[int], grids: int) -> pd.D
     ARDecoder().generate(adapter, warm, settings, make_generators(0, ["warm-up"], adapter.device))
     tables = []
     for B in batches:
-        prompts = [Prompt(f"p{i}", f"prompt number {i}: a red fox in the snow") for i in range(B)]
+        prompts = [Prompt(f"p{i}", captions[i % len(captions)]) for i in range(B)]
         pipelines = [("new", contextmanager(lambda: (yield)))] + [("old", old_pipeline)] * (B in old_batches)
         for label, patch in pipelines:
             rows = []
@@ -182,7 +190,7 @@ def bench_decode(batches: list[int], old_batches: list[int], grids: int) -> pd.D
                     for b in range(B)
                 ]  # fmt: skip
             samples = pd.DataFrame(rows)
-            summary = summarize(samples, "ar", {"model": f"tiny-lumina-{grids}x{grids}"})
+            summary = summarize(samples, "ar", {"model": standin or f"tiny-lumina-{grids}x{grids}"})
             summary["lap_cost_frac"] = samples.groupby("decoder", sort=False)["lap_cost_frac"].mean().to_numpy()
             summary.insert(0, "pipeline", label)
             summary.insert(1, "batch", B)
@@ -197,6 +205,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,50")
     ap.add_argument("--grids", type=int, default=2, help="32-px grids per side of the tiny Lumina image")
     ap.add_argument("--old-batches", default=None, help="batches decoded with the old pipeline too (default: all)")
+    ap.add_argument("--standin", help="decode on this shipped stand-in (e.g. standin_lumina_512) instead")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--skip-pipeline", action="store_true")
     args = ap.parse_args()
@@ -208,8 +217,9 @@ def main() -> None:
         print("\n## Pipeline alone (window 16, top-k 2000, CFG 3, 8192 free codes; CPU ms of one thread)\n")
         print(markdown_table(bench_pipeline(batches, args.repeats), floatfmt=".2f"))
     if not args.skip_decode:
-        print(f"\n## Decode: tiny random Lumina-mGPT, {args.grids}x{args.grids} grids, Lumina sampling\n")
-        print(markdown_table(bench_decode(batches, old_batches, args.grids), floatfmt=".3f"))
+        what = args.standin or f"tiny random Lumina-mGPT, {args.grids}x{args.grids} grids"
+        print(f"\n## Decode: {what}, Lumina sampling\n")
+        print(markdown_table(bench_decode(batches, old_batches, args.grids, args.standin), floatfmt=".3f"))
 
 
 if __name__ == "__main__":

@@ -274,22 +274,34 @@ def regime_section(
               "SJD-PAC's (official schedule, window 64) over that SJD's, next to what the papers report on "
               "Lumina-mGPT 7B (`results/paper/published.csv`); 1.00 in the last column reproduces the paper.", "",
               markdown(anchor_table), ""]  # fmt: skip
-    best = regime.goal(table)
     lines += ["## Twice official SJD, losslessly", ""]
-    if best is None:
-        lines += ["No run has official-schedule SJD at window 16.", ""]
-    elif best["decoder"] is None:
-        lines += [f"On `{best['model']}` no decoder besides SJD passed its audit at window 16.", ""]
-    else:
+    for schedule in (None, "official"):
+        best = regime.goal(table, schedule=schedule)
+        among = "" if schedule is None else " among the decoders on the official schedule"
+        if best is None:
+            lines += ["No run has official-schedule SJD at window 16.", ""]
+            break
+        if best["decoder"] is None:
+            lines += [f"On `{best['model']}` no audited lossless decoder{among} ran at window 16.", ""]
+            continue
         lines += [
             f"On `{best['model']}`, the model whose official-schedule SJD at window 16 compresses closest to the "
             f"published {regime.SJD_PUBLISHED:.2f}x, the audited lossless decoder with the highest step compression "
-            f"at window 16 is `{best['decoder']}`: {best['vs_official_sjd']:.2f}x official-schedule SJD's step "
-            f"compression (target 2x) and {best['vs_harness_sjd']:.2f}x harness-schedule SJD's (target 1.5x), "
-            f"latency speedup {best['latency_speedup']:.2f} and efficiency {best['efficiency']:.2f} over AR, "
-            f"audit p = {best['audit_p']:.3g}.",
+            f"at window 16{among} is `{best['decoder']}`: {best['vs_official_sjd']:.2f}x official-schedule SJD's "
+            f"step compression (target 2x) and {best['vs_harness_sjd']:.2f}x harness-schedule SJD's (target 1.5x); "
+            f"latency speedup {best['latency_speedup']:.2f} and efficiency {best['efficiency']:.2f} over AR; audit "
+            f"p = {best['audit_p']:.3g}.",
             "",
         ]
+    lines += [
+        "Reading these: a stand-in's forward is a tiny network's, far cheaper than the bookkeeping around it on a "
+        "CPU, so its latency speedups say little about a 7B model on a GPU; step compression is what carries over. "
+        "At the audit sizes these runs afford, the per-position test has almost no power on a high-entropy model "
+        "(compare `audit_tv` with AR's own `audit_noise_tv`): it catches only gross departures from AR. The "
+        "lossless decoders' exactness is asserted by the audits of `tests/test_audit.py` on the micro model, whose "
+        "output space is enumerated.",
+        "",
+    ]
     return lines
 
 

@@ -104,15 +104,20 @@ def anchors(table: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def goal(table: pd.DataFrame, window: int = 16, target: float = SJD_PUBLISHED) -> dict | None:
+def goal(
+    table: pd.DataFrame, window: int = 16, target: float = SJD_PUBLISHED, schedule: str | None = None
+) -> dict | None:
     """On the model whose official SJD at `window` compresses closest to `target` (SJD's published
-    step compression), the audited lossless decoder with the highest step compression at that window."""
+    step compression), the audited lossless decoder with the highest step compression at that window
+    (on `schedule` only, if given)."""
     sjd = table[(table["decoder"] == OFFICIAL_SJD) & (table["window"] == window)]
     if sjd.empty:
         return None
     model = sjd.loc[(sjd["step_compression"] - target).abs().idxmin(), "model"]
     rows = table[(table["model"] == model) & (table["window"] == window) & table["audited_lossless"]]
     rows = rows[~rows["decoder"].isin(["ar", OFFICIAL_SJD, HARNESS_SJD])]
+    if schedule is not None:
+        rows = rows[rows["schedule"] == schedule]
     if rows.empty:
         return {"model": model, "decoder": None}
     best = rows.loc[rows["step_compression"].idxmax()]
