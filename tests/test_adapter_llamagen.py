@@ -316,7 +316,12 @@ class TestLlamaGen(AdapterContract, DecodersOnAdapterContract, LoadsWeightsContr
         "pjd4-full-context": PJDDecoder(window=4, context=GRID),
         "pjd8v-full-context": PJDDecoder(window=8, context=GRID, init="vertical"),
     }
-    sampled_decoders = {"sjd8": SJDDecoder(window=8), "pjd-short-context": PJDDecoder(window=4, context=2)}
+    sampled_decoders = {
+        "sjd8": SJDDecoder(window=8),
+        "pjd-short-context": PJDDecoder(window=4, context=2),
+        # position 0 is a code here: the row below draws from the distribution it was committed from
+        "sjd-block-vertical-dist": SJDDecoder(window=8, init="vertical_dist", verification="block"),
+    }
 
     @pytest.fixture
     def adapter(self, llamagen):

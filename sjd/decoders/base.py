@@ -103,11 +103,13 @@ class ForwardClock:
     def start(
         self, prompts: Sequence[Prompt], sampling: SamplingConfig, generators: Sequence[torch.Generator]
     ) -> torch.Tensor:
-        """Start the clock, prefill, and sample generated position 0 of every row as AR does."""
+        """Start the clock, prefill, and sample generated position 0 of every row as AR does (from
+        `first_p`, kept for decoders that remember committed distributions)."""
         self.t0 = time.perf_counter()
         logits = self.prefill(prompts, sampling.uses_uncond)
         zero = torch.zeros(len(prompts), 1, dtype=torch.long, device=self.adapter.device)
-        first = sample_rows(logits_to_probs(logits, zero, self.adapter.layout, sampling)[:, 0], generators)
+        self.first_p = logits_to_probs(logits, zero, self.adapter.layout, sampling)[:, 0]  # [B, V]
+        first = sample_rows(self.first_p, generators)
         self.t_prefill = time.perf_counter() - self.t0
         self.stages.begin()
         return first

@@ -104,6 +104,8 @@ class SJDDecoder(Decoder):
         schedule = self.window_schedule(adapter)
 
         state.tokens[:, 0] = clock.start(prompts, sampling, generators)  # prefill: the first token as in AR
+        for b in range(B):  # where position 0 is a code (LlamaGen), the row below may draw from its p
+            state.remember_p(b, 0, clock.first_p[b : b + 1])
         self.begin(state, layout, generators)
 
         while True:

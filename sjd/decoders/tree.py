@@ -99,6 +99,8 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
         state = self.new_state(B, layout, device)
         schedule = self.window_schedule(adapter)
         state.tokens[:, 0] = clock.start(prompts, sampling, generators)
+        for b in range(B):  # where position 0 is a code (LlamaGen), the row below may draw from its p
+            state.remember_p(b, 0, clock.first_p[b : b + 1])
         self.begin(state, layout, generators)
         cached = [0] * B  # generated positions below cached[b] hold their committed token's K/V
         branch_commits = [0] * B  # forwards whose committed token was a sibling (reported in extras)

@@ -103,19 +103,21 @@ def pareto(table: pd.DataFrame, out: Path) -> Path:
 
 def regime_map(table: pd.DataFrame, out: Path) -> Path:
     """Step compression over official-schedule SJD against the models' per-token entropy, one panel per
-    window, one line per decoder (o lossless, x lossy; the models are the points of a line)."""
+    window, one colour per decoder (o lossless, x lossy), a thin line joining its models in entropy order."""
     windows = sorted(int(w) for w in table["window"].unique() if int(w) > 1)
+    rows = table[table["decoder"] != "ar"]
+    colours = plt.get_cmap("tab20")
     fig, axes = plt.subplots(1, len(windows), figsize=(6.5 * len(windows), 4.5), squeeze=False)
     for ax, window in zip(axes[0], windows):
-        rows = table[table["window"] == window]
-        for decoder, part in rows.groupby("decoder", sort=False):
+        for i, (decoder, part) in enumerate(rows[rows["window"] == window].groupby("decoder", sort=False)):
             part = part.sort_values("entropy_nats")
             marker = "o" if bool(part["lossless"].iloc[0]) else "x"
-            ax.plot(part["entropy_nats"], part["vs_official_sjd"], marker=marker, linewidth=1, label=decoder)
+            ax.plot(part["entropy_nats"], part["vs_official_sjd"], marker=marker, linewidth=0.6, linestyle=":",
+                    color=colours(i % 20), label=decoder)  # fmt: skip
         ax.axhline(1.0, color="gray", linewidth=0.8)
         ax.set_xlabel("per-token entropy of AR's sampling distribution (nats)")
         ax.set_ylabel("step compression / official-schedule SJD's")
-        ax.set_title(f"window {window} (o lossless, x lossy)", fontsize=9)
+        ax.set_title(f"window {window} (o lossless, x lossy; one point per model)", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
