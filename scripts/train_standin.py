@@ -8,8 +8,8 @@
 The model is a tiny Chameleon with Lumina-mGPT's grammar at the real layout (sjd.standin.lumina);
 the data are procedural code images (sjd.standin.procedural) generated from (seed, step), so a run
 is a pure function of its arguments and thread count. The texture noise sets the per-token entropy.
-The checkpoint's config.json records every argument and the final loss under `standin`. On two CPU
-threads of a laptop-class machine a 512 px stand-in trains in about 5 minutes, a 768 px one in about 12.
+The checkpoint's config.json (standin.json for LlamaGen) records every argument, the final loss and the
+training time: minutes on one CPU thread.
 """
 
 from __future__ import annotations
@@ -65,6 +65,18 @@ def build(name: str, settings: dict, out: Path) -> None:
     (build_llamagen if a["family"] == "llamagen" else build_lumina)(name, a, out)
 
 
+def data_and_settings(a: dict, n_codes: int) -> tuple[ProceduralImages, TrainSettings]:
+    images = ProceduralImages(n_codes=n_codes, noise=a["noise"], codebook_seed=a["codebook_seed"], streak=a["streak"],
+                              streak_corr=a["streak_corr"])  # fmt: skip
+    return images, TrainSettings(steps=a["steps"], batch_size=a["batch_size"], lr=a["lr"], seed=a["seed"])
+
+
+def record(a: dict, n_codes: int, history: list[dict]) -> dict:
+    """What config.json / standin.json keeps: the recipe and how training ended."""
+    return {**a, "n_codes": n_codes, "final_loss_nats": round(history[-1]["loss"], 4),
+            "train_seconds": round(history[-1]["seconds"])}  # fmt: skip
+
+
 def build_llamagen(name: str, a: dict, out: Path) -> None:
     from sjd.models.llamagen import LlamaGenAdapter
     from sjd.standin import llamagen
@@ -74,15 +86,11 @@ def build_llamagen(name: str, a: dict, out: Path) -> None:
     n_codes = 16384
     parts = llamagen.build_parts(a["hidden"], a["layers"], a["heads"], a["seed"])
     adapter = LlamaGenAdapter.from_parts(*parts, name=name)
-    images = ProceduralImages(n_codes=n_codes, noise=a["noise"], codebook_seed=a["codebook_seed"], streak=a["streak"],
-                              streak_corr=a["streak_corr"])  # fmt: skip
-    train_settings = TrainSettings(steps=a["steps"], batch_size=a["batch_size"], lr=a["lr"], seed=a["seed"])
+    images, settings = data_and_settings(a, n_codes)
     print(f"{name}: {a}")
     init_llamagen_code_embeddings(adapter, images)
-    history = train(adapter.gpt, lambda step: llamagen_loss(adapter, images, train_settings, step), train_settings)
-    meta = {**a, "n_codes": n_codes, "final_loss_nats": round(history[-1]["loss"], 4),
-            "train_seconds": round(history[-1]["seconds"])}  # fmt: skip
-    llamagen.save(adapter.gpt, *parts[1:], out, meta)
+    history = train(adapter.gpt, lambda step: llamagen_loss(adapter, images, settings, step), settings)
+    llamagen.save(adapter.gpt, *parts[1:], out, record(a, n_codes, history))
     print(f"wrote {out}")
 
 
@@ -94,15 +102,11 @@ def build_lumina(name: str, a: dict, out: Path) -> None:
     tokenizer = character_tokenizer(vocabulary(n_codes))
     grids = a["resolution"] // 32
     adapter = LuminaAdapter.from_model(model, tokenizer, grids, grids, name=name)
-    images = ProceduralImages(n_codes=n_codes, noise=a["noise"], codebook_seed=a["codebook_seed"], streak=a["streak"],
-                              streak_corr=a["streak_corr"])  # fmt: skip
-    train_settings = TrainSettings(steps=a["steps"], batch_size=a["batch_size"], lr=a["lr"], seed=a["seed"])
+    images, settings = data_and_settings(a, n_codes)
     print(f"{name}: {a}")
     init_code_embeddings(adapter, images)
-    history = train(adapter.model, lambda step: lumina_loss(adapter, images, train_settings, step), train_settings)
-    meta = {**a, "n_codes": n_codes, "final_loss_nats": round(history[-1]["loss"], 4),
-            "train_seconds": round(history[-1]["seconds"])}  # fmt: skip
-    save(adapter.model, tokenizer, out, meta)
+    history = train(adapter.model, lambda step: lumina_loss(adapter, images, settings, step), settings)
+    save(adapter.model, tokenizer, out, record(a, n_codes, history))
     print(f"wrote {out}")
 
 
