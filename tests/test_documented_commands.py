@@ -37,7 +37,10 @@ PREFIXES = ("python run.py", "python scripts/", "torchrun", "make")
 TINY = {"prompts.n": "2", "decoder.window": "4", "warmup": "0"}
 SCRIPT_ARGS = {"audit.py": ["n_samples=300"]}  # hydra overrides appended to a script at tiny size
 REAL_MODELS = "lumina|lumina_sjd2|emu3|emu3_sjd2|janus|janus1b|anole|llamagen"
-REAL_EXPERIMENTS = "sjd_lumina_coco5k|pjd_lumina_coco5k|pjd_llamagen_coco5k|sjd2_lumina_coco|sjd2_emu3_coco"
+REAL_EXPERIMENTS = (
+    "sjd_lumina_coco5k|pjd_lumina_coco5k|pjd_llamagen_coco5k|sjd2_lumina_coco|sjd2_emu3_coco|scd_lumina_coco5k|"
+    "sjd_pac_lumina_coco5k"
+)
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,16 @@ def test_the_schedule_is_recorded_in_the_summary_rows():
 
 
 @pytest.mark.parametrize(
-    "table", ["sjd_lumina_coco5k", "pjd_lumina_coco5k", "pjd_llamagen_coco5k", "sjd2_lumina_coco", "sjd2_emu3_coco"]
+    "table",
+    [
+        "sjd_lumina_coco5k",
+        "pjd_lumina_coco5k",
+        "pjd_llamagen_coco5k",
+        "sjd2_lumina_coco",
+        "sjd2_emu3_coco",
+        "scd_lumina_coco5k",
+        "sjd_pac_lumina_coco5k",
+    ],  # fmt: skip
 )
 def test_paper_overlays_run_the_official_schedule_beside_the_harness_one(compose_cfg, table):
     """Rows named as a published method reproduce the paper's schedule; `<name>_harness` rows sit beside them."""
