@@ -1,14 +1,14 @@
-"""scripts/results_pages.py: a page from a small CSV, and every study CSV's page is the one it renders."""
+"""sjd.harness.reports (`make docs`): a page from a small CSV, and every study CSV's page is the one it renders."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from sjd.harness import reports
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY_CSVS = sorted((ROOT / "results" / "studies").glob("*.csv"))
@@ -16,11 +16,7 @@ STUDY_CSVS = sorted((ROOT / "results" / "studies").glob("*.csv"))
 
 @pytest.fixture(scope="module")
 def pages():
-    spec = importlib.util.spec_from_file_location("results_pages", ROOT / "scripts" / "results_pages.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["results_pages"] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return reports
 
 
 OVERLAY = """\

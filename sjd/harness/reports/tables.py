@@ -1,0 +1,114 @@
+"""The markdown pieces of a results page: a run's key table and its provenance line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+
+SETTINGS = ("init", "context", "denoise_steps", "coupling", "forced_drafts", "verification", "neighbours",
+            "delta", "branches", "branch_depth", "ar_prefix", "schedule")  # fmt: skip
+# (column, heading, format): the key columns, each shown where a row of the part has a value.
+COLUMNS = (
+    ("n_prompts", "samples", "d"),
+    ("n_forward", "forwards per image", ".1f"),
+    ("step_compression", "step compression", ".2f"),
+    ("latency_speedup", "latency speedup", ".2f"),
+    ("efficiency", "efficiency", ".2f"),
+    ("outside_model_frac", "outside model", ".1%"),
+    ("fid", "FID", ".1f"),
+    ("clip", "CLIP", ".1f"),
+    ("audit_tv", "audit TV", ".3f"),
+    ("audit_p", "audit p", ".3g"),
+)
+
+
+def latest_run(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the last run among `rows` (the results CSV is appended to in run order)."""
+    return rows[rows["run_dir"] == rows["run_dir"].iloc[-1]]
+
+
+def varying_settings(configs: list[dict]) -> list[str]:
+    """The SETTINGS keys whose values differ between these decoders (what tells them apart)."""
+    missing = object()
+    return [k for k in SETTINGS if len({repr(c.get(k, missing)) for c in configs}) > 1]
+
+
+def settings_of(config: dict, keys: list[str]) -> str:
+    described = ", ".join(f"{k}={config[k]}" for k in keys if k in config)
+    return described or "-"
+
+
+def accepted_length_shares(accept_hist: str) -> tuple[float, float]:
+    """Share of forwards that commit one token, and share of tokens committed by forwards of more than 40."""
+    hist = {int(k): v for k, v in json.loads(accept_hist).items()}
+    tokens = sum(k * v for k, v in hist.items())
+    return hist.get(1, 0) / sum(hist.values()), sum(k * v for k, v in hist.items() if k > 40) / tokens
+
+
+def cell(value, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if fmt == "d":
+        return str(int(value))
+    return format(float(value), fmt)
+
+
+def key_table(rows: pd.DataFrame, figure: str | None) -> pd.DataFrame:
+    """The part's table: decoder, window, the settings that tell its decoders apart, then every key
+    column some row has, step compression over SJD's when the run has a decoder named sjd, and for an
+    accept_hist study the shares of short and long accepted lengths."""
+    configs = json.loads(rows["decoder_configs"].iloc[0])
+    per_row = [configs.get(d, {}) for d in rows["decoder"]]
+    baseline = rows["baseline"].iloc[0] if "baseline" in rows else None
+    keys = varying_settings([c for d, c in zip(rows["decoder"], per_row) if d != baseline])
+    table = pd.DataFrame(
+        {
+            "decoder": rows["decoder"].tolist(),
+            "window": [str(c.get("window", "")) for c in per_row],
+            "settings": [settings_of(c, keys) for c in per_row],
+        }
+    )
+    for column, heading, fmt in COLUMNS:
+        if column in rows and rows[column].notna().any():
+            table[heading] = [cell(v, fmt) for v in rows[column]]
+        if column == "step_compression" and "sjd" in set(rows["decoder"]):
+            sjd = float(rows.loc[rows["decoder"] == "sjd", "step_compression"].iloc[0])
+            table["vs sjd"] = [cell(v / sjd, ".2f") for v in rows["step_compression"]]
+    if figure == "accept_hist":
+        shares = [accepted_length_shares(h) for h in rows["accept_hist"]]
+        table["forwards committing 1 token"] = [cell(one, ".0%") for one, _ in shares]
+        table["tokens from forwards committing > 40"] = [cell(long, ".0%") for _, long in shares]
+    return table
+
+
+def markdown(table: pd.DataFrame) -> str:
+    head = "| " + " | ".join(table.columns) + " |"
+    text = ("decoder", "settings", "model", "anchor", "schedule")
+    rule = "| " + " | ".join("---" if c in text else "---:" for c in table.columns) + " |"
+    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
+
+
+def describe_run(rows: pd.DataFrame) -> str:
+    def values(column: str) -> str:
+        found = [str(v) for v in dict.fromkeys(rows[column].dropna())] if column in rows else []
+        return ", ".join(f"`{v}`" for v in found) or "not recorded"
+
+    first = rows.iloc[0]
+    seeds = int(first["seeds_per_prompt"]) if "seeds_per_prompt" in rows and pd.notna(first["seeds_per_prompt"]) else 1
+    parts = [
+        f"git {values('git_hash')}",
+        f"config fingerprint {values('config_fingerprint')}",
+        f"model `{first['model']}`",
+        f"prompts `{first['prompt_set']}` ({first['prompt_selection']}), {seeds} seed(s) each",
+        f"batch size {first['batch_size']}",
+        f"device `{first['device']}`",
+    ]
+    if "audit_noise_tv" in rows and rows["audit_noise_tv"].notna().any():
+        parts.append(
+            f"audit: {int(first['audit_n'])} samples of one caption per decoder against AR's; AR against AR "
+            f"(noise floor of audit TV) {first['audit_noise_tv']:.3f}"
+        )
+    return "; ".join(parts) + "."
