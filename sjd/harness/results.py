@@ -19,6 +19,7 @@ import pandas as pd
 from PIL import Image, ImageDraw
 
 from sjd.decoders.stages import STAGES
+from sjd.harness.intervals import summary_intervals
 
 STAGE_COLUMNS = [f"{stage}_frac" for stage in STAGES]
 SUMMARY_COLUMNS = [
@@ -169,7 +170,11 @@ def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.Dat
     forward_frac (model forwards), pipeline_frac (finite check and logits -> probabilities),
     verify_frac (acceptance, residual and next-draft sampling; AR's sample), commit_frac
     (writing accepted tokens into the decoder state) and other_frac (the rest: loop control and
-    the laps themselves). They sum to 1 up to the device clock; NaN for samples without a split."""
+    the laps themselves). They sum to 1 up to the device clock; NaN for samples without a split.
+
+    Beside them, the standard errors and 95% intervals of sjd.harness.intervals (forwards per image,
+    latency, step compression; latency speedup and efficiency over the baseline and step compression
+    over a reference SJD, from a paired bootstrap over prompts)."""
     rows = []
     for decoder, df in samples.groupby("decoder", sort=False):
         hist = accept_histogram(df["accepted"])
@@ -204,7 +209,7 @@ def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.Dat
         summary["forward_cost"], summary["efficiency"] = forward_efficiency(summary, base)
     else:
         summary["latency_speedup"] = summary["forward_cost"] = summary["efficiency"] = float("nan")
-    summary = summary[SUMMARY_COLUMNS]
+    summary = summary[SUMMARY_COLUMNS].merge(summary_intervals(samples, baseline), on="decoder", how="left")
     for key, value in meta.items():
         if key not in summary.columns:
             summary[key] = value if not isinstance(value, dict | list) else json.dumps(value, sort_keys=True)
