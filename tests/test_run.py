@@ -28,6 +28,15 @@ SUMMARY_FIELDS = {
     "prompt_file_sha256",
     "seed",
     "sampling",
+    "step_compression_lo",
+    "step_compression_hi",
+    "latency_speedup_lo",
+    "latency_speedup_hi",
+    "n_forward_se",
+    "latency_s_se",
+    "load_1min_start",
+    "cpu_per_wall",
+    "latency_reliable",
 }
 
 
@@ -63,6 +72,12 @@ def test_default_run_writes_every_output(tmp_path):
     rows = summary.set_index("decoder")
     assert rows.loc["ar", "step_compression"] == 1.0 and rows.loc["ar", "latency_speedup"] == 1.0
     assert rows.loc["sjd", "step_compression"] > 1.0
+    sjd = rows.loc["sjd"]
+    assert sjd["step_compression_lo"] <= sjd["step_compression"] <= sjd["step_compression_hi"]
+    assert sjd["latency_speedup_lo"] <= sjd["latency_speedup_hi"]
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["cpu_per_wall"] > 0 and meta["usable_cores"] >= 1 and isinstance(meta["latency_reliable"], bool)
+    assert ("latency columns UNRELIABLE" in proc.stdout) == (not meta["latency_reliable"])
     assert json.loads((run_dir / "summary.json").read_text())[0]["model"] == "toy"
     assert len(pd.read_csv(results)) == 2
 

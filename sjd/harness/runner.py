@@ -37,6 +37,7 @@ from tqdm import tqdm
 from sjd.audit.in_run import audit_caption, audit_decoders
 from sjd.core.sampling import SamplingConfig
 from sjd.decoders.base import Decoder, device_sync
+from sjd.harness import contention
 from sjd.harness.config_check import check_run_config
 from sjd.harness.distributed import DataParallel, rank_info, shard
 from sjd.harness.plots import accept_histograms
@@ -227,10 +228,13 @@ def _run_rank(
     every_sample = [(p, k) for p in prompt_set.prompts for k in range(seeds_per_prompt(cfg))]
     todo = [(p, k) for p, k in every_sample if any((d.name, p.prompt_id, k) not in done for d in decoders)]
     writer = SampleWriter(run_dir, shard_file(run_dir, dp.info.rank) if dp.info.distributed else None)
+    before = contention.sample()
     decode_prompts(cfg, adapter, decoders, sampling, shard(todo, dp.info), done, writer)
+    meta |= contention.assess(before, contention.sample(), dp.device)  # was the machine busy? (latency_reliable)
     dp.barrier("every rank has decoded its prompts")
     if not dp.info.is_main:
         return None
+    (run_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
 
     merge_samples(run_dir, [d.name for d in decoders], [(p.prompt_id, k) for p, k in every_sample])
     samples = read_samples(run_dir)
@@ -256,6 +260,8 @@ def _run_rank(
     table = summary[shown].to_string(index=False, float_format=lambda x: f"{x:.3f}")
     world = f", {dp.info.world_size} ranks" if dp.info.distributed else ""
     print(f"\n{adapter.name} on {prompt_set.name} ({prompt_set.selection}{world}), run dir {run_dir}\n{table}")
+    if contention.warning(meta):
+        print(contention.warning(meta))
     return summary
 
 
