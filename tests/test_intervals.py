@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from sjd.harness import intervals
+from sjd.harness.regime import ratio_interval
 from sjd.harness.results import summarize
 
 
@@ -80,3 +81,9 @@ def test_one_prompt_has_no_interval_and_an_interval_says_whether_it_excludes_one
     assert math.isnan(sjd["latency_speedup_lo"]) and math.isnan(sjd["n_forward_se"])
     assert intervals.excludes_one(1.1, 1.4) and intervals.excludes_one(0.5, 0.9)
     assert intervals.excludes_one(0.9, 1.2) is False and intervals.excludes_one(float("nan"), 2.0) is None
+
+
+def test_a_ratio_of_two_runs_adds_their_relative_variances():
+    lo, hi = ratio_interval(2.0, [0.03, 0.04])  # relative SE 0.05 of the ratio
+    assert (lo, hi) == (pytest.approx(2.0 - 1.959964 * 0.1), pytest.approx(2.0 + 1.959964 * 0.1))
+    assert all(math.isnan(v) for v in ratio_interval(2.0, [0.03, float("nan")]))

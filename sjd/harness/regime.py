@@ -5,7 +5,8 @@ one window per run, with AR as the baseline and SJD under both schedules named `
 `sjd_harness`. Output, one row per (model, decoder, window):
 
     model, entropy_nats, decoder, schedule, window, step_compression, vs_official_sjd, vs_harness_sjd,
-    latency_speedup, efficiency, lossless, audit_p, audit_tv, audit_noise_tv, audited_lossless
+    latency_speedup, efficiency, lossless, audit_p, audit_tv, audit_noise_tv, audited_lossless,
+    then the 95% interval of each ratio (`<ratio>_lo`, `<ratio>_hi`, INTERVAL_SOURCES) and step_compression_se
 
 `window` is the run's (SJD's window; PJD and ZipAR keep their own row-wise settings in every run),
 `entropy_nats` is AR's mean per-token entropy of the sampling distribution on the run's prompts (the
@@ -15,7 +16,8 @@ decoder claims, and `audited_lossless` is a lossless claim whose audit did not r
 The anchors compare each model with what the papers report on Lumina-mGPT 7B (768 px, COCO): SJD's
 step compression over AR, and SCD's and SJD-PAC's (both at window 64, their papers' setting) over
 SJD paper's at window 16, the comparison SJD-PAC's table makes (results/paper/published.csv holds
-the rows; SCD's own table puts SJD at window 64, 2.31x, beside it).
+the rows; SCD's own table puts SJD at window 64, 2.31x, beside it). An anchor over AR takes its run's
+bootstrap interval; one between two runs, the delta method on both runs' step_compression_se.
 """
 
 from __future__ import annotations
@@ -30,6 +32,16 @@ REGIME_COLUMNS = [
     "vs_harness_sjd", "latency_speedup", "efficiency", "lossless", "audit_p", "audit_tv", "audit_noise_tv",
     "audited_lossless",
 ]  # fmt: skip
+# Each ratio's 95% interval (sjd.harness.intervals), NaN for rows written before runs recorded them:
+# regime column -> the summary row's column holding its interval (`<that>_lo`, `<that>_hi`).
+INTERVAL_SOURCES = {
+    "step_compression": "step_compression",
+    "vs_official_sjd": "vs_sjd_official",
+    "vs_harness_sjd": "vs_sjd_harness",
+    "latency_speedup": "latency_speedup",
+    "efficiency": "efficiency",
+}
+INTERVAL_COLUMNS = [f"{c}_{end}" for c in INTERVAL_SOURCES for end in ("lo", "hi")]
 OFFICIAL_SJD, HARNESS_SJD = "sjd_official", "sjd_harness"
 AUDIT_ALPHA = 0.01
 SJD_PUBLISHED = 2.22  # SJD's step compression on Lumina-mGPT 7B (results/paper/published.csv, sjd_lumina_coco5k)
@@ -71,7 +83,11 @@ def run_table(rows: pd.DataFrame) -> pd.DataFrame:
     for column in ("audit_p", "audit_tv", "audit_noise_tv"):
         table[column] = rows[column].values if column in rows else np.nan
     table["audited_lossless"] = table["lossless"] & (table["audit_p"] >= AUDIT_ALPHA)
-    return table[REGIME_COLUMNS]
+    for column, source in INTERVAL_SOURCES.items():
+        for end in ("lo", "hi"):
+            table[f"{column}_{end}"] = rows[f"{source}_{end}"].values if f"{source}_{end}" in rows else np.nan
+    table["step_compression_se"] = rows["step_compression_se"].values if "step_compression_se" in rows else np.nan
+    return table[[*REGIME_COLUMNS, *INTERVAL_COLUMNS, "step_compression_se"]]
 
 
 def regime_table(runs: list[pd.DataFrame]) -> pd.DataFrame:
@@ -83,11 +99,11 @@ def regime_table(runs: list[pd.DataFrame]) -> pd.DataFrame:
 def anchors(table: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
     """Per model: each anchor ratio, ours and published, and ours over published (1 = reproduced)."""
 
-    def compression(model: str, decoder: str, window: int | None) -> float:
+    def compression(model: str, decoder: str, window: int | None, column: str = "step_compression") -> float:
         rows = table[(table["model"] == model) & (table["decoder"] == decoder)]
         if window is not None:
             rows = rows[rows["window"] == window]
-        return float(rows["step_compression"].iloc[0]) if len(rows) else float("nan")
+        return float(rows[column].iloc[0]) if len(rows) and column in rows else float("nan")
 
     def published_compression(row: tuple[str, str]) -> float:
         rows = published[(published["table"] == row[0]) & (published["method"] == row[1])]
@@ -97,11 +113,27 @@ def anchors(table: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
     for model in dict.fromkeys(table["model"]):
         entropy = float(table.loc[table["model"] == model, "entropy_nats"].iloc[0])
         for name, decoder, window, ref, ref_window, pub, pub_ref in ANCHORS:
-            ours = compression(model, decoder, window) / (1.0 if ref == "ar" else compression(model, ref, ref_window))
+            if ref == "ar":  # step compression over AR: its own bootstrap interval
+                ours = compression(model, decoder, window)
+                lo, hi = (compression(model, decoder, window, f"step_compression_{end}") for end in ("lo", "hi"))
+            else:  # two runs (windows): the delta method, the runs' estimates taken as independent
+                top, bottom = (compression(model, decoder, window), compression(model, ref, ref_window))
+                top_se, bottom_se = (compression(model, d, w, "step_compression_se") for d, w in
+                                     ((decoder, window), (ref, ref_window)))  # fmt: skip
+                ours = top / bottom
+                lo, hi = ratio_interval(ours, [top_se / top, bottom_se / bottom])
             theirs = published_compression(pub) / published_compression(pub_ref)
-            out.append({"model": model, "entropy_nats": entropy, "anchor": name, "ours": ours, "published": theirs,
-                        "ours_over_published": ours / theirs})  # fmt: skip
+            out.append({"model": model, "entropy_nats": entropy, "anchor": name, "ours": ours, "ours_lo": lo,
+                        "ours_hi": hi, "published": theirs, "ours_over_published": ours / theirs,
+                        "ours_over_published_lo": lo / theirs, "ours_over_published_hi": hi / theirs})  # fmt: skip
     return pd.DataFrame(out)
+
+
+def ratio_interval(ratio: float, relative_ses: list[float], z: float = 1.959964) -> tuple[float, float]:
+    """95% normal interval of a product or quotient of independent estimates from their relative
+    standard errors (delta method: relative variances add); NaN where one is unknown."""
+    spread = z * ratio * float(np.sqrt(np.sum(np.square(relative_ses))))
+    return ratio - spread, ratio + spread
 
 
 def goal(
@@ -123,4 +155,4 @@ def goal(
     best = rows.loc[rows["step_compression"].idxmax()]
     keys = ("model", "entropy_nats", "decoder", "schedule", "window", "step_compression", "vs_official_sjd",
             "vs_harness_sjd", "latency_speedup", "efficiency", "audit_p")  # fmt: skip
-    return {k: best[k] for k in keys}
+    return {k: best[k] for k in (*keys, *INTERVAL_COLUMNS)}

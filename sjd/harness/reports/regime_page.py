@@ -7,14 +7,17 @@ from pathlib import Path
 import pandas as pd
 
 from sjd.harness import plots, regime
+from sjd.harness.intervals import excludes_one
 from sjd.harness.prompts import resolve_path
 from sjd.harness.reports.studies import Study
-from sjd.harness.reports.tables import cell, latest_run, markdown
+from sjd.harness.reports.tables import NO_INTERVAL, cell, interval_cells, latest_run, markdown
 
 PUBLISHED = resolve_path("results/paper/published.csv")
 REGIME_SHOWN = (("entropy_nats", ".2f"), ("step_compression", ".2f"), ("vs_official_sjd", ".2f"),
                 ("vs_harness_sjd", ".2f"), ("latency_speedup", ".2f"), ("efficiency", ".2f"), ("audit_p", ".3g"),
                 ("audit_tv", ".3f"), ("audit_noise_tv", ".3f"))  # fmt: skip
+# The decoder each ratio column is a ratio to (others: AR, the baseline).
+REFERENCE_OF = {"vs_official_sjd": regime.OFFICIAL_SJD, "vs_harness_sjd": regime.HARNESS_SJD}
 READING = [
     "Reading these: a stand-in's forward is a tiny network's, far cheaper than the bookkeeping around it on a "
     "CPU, so its latency speedups say little about a 7B model on a GPU; step compression is what carries over. "
@@ -46,7 +49,11 @@ def regime_section(
 def combined_table(page: str, table: pd.DataFrame, figure: str) -> list[str]:
     shown = table[["model", "decoder", "schedule", "window", "lossless", "audited_lossless"]].astype(str)
     for column, fmt in REGIME_SHOWN:
-        shown[column] = [cell(v, fmt) for v in table[column]]
+        if column in regime.INTERVAL_SOURCES:  # a ratio: its interval beside it, bare on its reference row
+            reference = REFERENCE_OF.get(column, "ar")
+            shown[column] = interval_cells(table, column, f"{column}_lo", f"{column}_hi", fmt, reference)
+        else:
+            shown[column] = [cell(v, fmt) for v in table[column]]
     return ["## The regime map", "",
             f"All the runs above in one table (also `results/{page}.csv`), ordered by the model's per-token "
             "entropy. `vs_official_sjd` and `vs_harness_sjd` are step compression over SJD's in the same run; "
@@ -57,12 +64,19 @@ def combined_table(page: str, table: pd.DataFrame, figure: str) -> list[str]:
 def anchor_section(table: pd.DataFrame) -> list[str]:
     anchors = regime.anchors(table, pd.read_csv(PUBLISHED))
     anchor_table = anchors[["model", "anchor"]].copy()
-    for column in ("entropy_nats", "ours", "published", "ours_over_published"):
-        anchor_table[column] = [cell(v, ".2f") for v in anchors[column]]
+    anchor_table["entropy_nats"] = [cell(v, ".2f") for v in anchors["entropy_nats"]]
+    for column in ("ours", "published", "ours_over_published"):
+        if f"{column}_lo" in anchors:
+            anchor_table[column] = interval_cells(anchors.assign(decoder=""), column, f"{column}_lo",
+                                                  f"{column}_hi", ".2f", None)  # fmt: skip
+        else:
+            anchor_table[column] = [cell(v, ".2f") for v in anchors[column]]
     return ["## Against the published ratios", "",
             "Each model's SJD step compression over AR (official schedule, window 16), and SCD's and "
             "SJD-PAC's (official schedule, window 64) over that SJD's, next to what the papers report on "
-            "Lumina-mGPT 7B (`results/paper/published.csv`); 1.00 in the last column reproduces the paper.", "",
+            "Lumina-mGPT 7B (`results/paper/published.csv`); 1.00 in the last column reproduces the paper. "
+            "The interval of a ratio over AR is its run's bootstrap interval; of a ratio between two runs "
+            "(windows 64 and 16), the delta method on both runs' standard errors, taken as independent.", "",
             markdown(anchor_table), ""]  # fmt: skip
 
 
@@ -87,11 +101,39 @@ def goal_section(table: pd.DataFrame) -> list[str]:
 
 
 def goal_sentence(best: dict, among: str) -> str:
-    return (
+    """The goal's decoder and its ratios with their intervals, then, against each SJD, a verdict the
+    interval supports: above or below where it excludes 1, not distinguishable where it does not."""
+
+    def ratio(column: str, unit: str = "") -> str:
+        return interval_cells(pd.DataFrame([best]), column, f"{column}_lo", f"{column}_hi", ".2f", None, unit)[0]
+
+    text = (
         f"On `{best['model']}`, the model whose official-schedule SJD at window 16 compresses closest to the "
-        f"published {regime.SJD_PUBLISHED:.2f}x, the audited lossless decoder with the highest step compression "
-        f"at window 16{among} is `{best['decoder']}`: {best['vs_official_sjd']:.2f}x official-schedule SJD's "
-        f"step compression (target 2x) and {best['vs_harness_sjd']:.2f}x harness-schedule SJD's (target 1.5x); "
-        f"latency speedup {best['latency_speedup']:.2f} and efficiency {best['efficiency']:.2f} over AR; audit "
+        f"published {regime.SJD_PUBLISHED:.2f}x, the audited lossless decoder with the highest measured step "
+        f"compression at window 16{among} is `{best['decoder']}`: {ratio('vs_official_sjd', 'x')} official-schedule "
+        f"SJD's step compression (target 2x) and {ratio('vs_harness_sjd', 'x')} harness-schedule SJD's (target 1.5x); "
+        f"latency speedup {ratio('latency_speedup')} and efficiency {ratio('efficiency')} over AR; audit "
         f"p = {best['audit_p']:.3g}."
     )
+    against = (("vs_official_sjd", "official-schedule SJD"), ("vs_harness_sjd", "harness-schedule SJD"))
+    if all(excludes_one(best.get(f"{c}_lo"), best.get(f"{c}_hi")) is None for c, _ in against):
+        return (
+            f"{text} These rows have no intervals ({NO_INTERVAL}), so the page does not say that "
+            f"`{best['decoder']}` compresses more than either SJD."
+        )
+    return " ".join([text, *(verdict(best, column, name) for column, name in against)])
+
+
+def verdict(best: dict, column: str, name: str) -> str:
+    """Whether the goal's decoder compresses more than `name`, as far as the 95% interval can tell."""
+    lo, hi = best.get(f"{column}_lo"), best.get(f"{column}_hi")
+    apart = excludes_one(lo, hi)
+    if apart is None:
+        return (
+            f"Against {name} this row has no interval ({NO_INTERVAL}), so the page does not say that "
+            f"`{best['decoder']}` compresses more than {name}."
+        )
+    if not apart:
+        return f"At this size `{best['decoder']}` and {name} are not distinguishable: the 95% interval includes 1."
+    side = "more" if lo > 1 else "less"
+    return f"`{best['decoder']}` compresses {side} than {name}: the 95% interval excludes 1."

@@ -24,6 +24,15 @@ COLUMNS = (
 )
 
 
+# Ratio columns printed with their 95% interval beside them: column -> the columns of its interval.
+INTERVALS = {c: (f"{c}_lo", f"{c}_hi") for c in ("step_compression", "latency_speedup", "efficiency")}
+NO_INTERVAL = "n/a: rerun"  # a row written before runs recorded intervals
+INTERVAL_LEGEND = (
+    "A ratio's parentheses hold its 95% interval over prompts (a paired bootstrap against the decoder it is "
+    f"a ratio to, docs/evaluation.md); `{NO_INTERVAL}` marks rows written before runs recorded intervals."
+)
+
+
 def latest_run(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows of the last run among `rows` (the results CSV is appended to in run order)."""
     return rows[rows["run_dir"] == rows["run_dir"].iloc[-1]]
@@ -55,6 +64,32 @@ def cell(value, fmt: str) -> str:
     return format(float(value), fmt)
 
 
+def with_interval(value, lo, hi, fmt: str, n_units: float | None = None, unit: str = "") -> str:
+    """`value (lo-hi)`; `value (n/a: ...)` when the interval is unknown: one prompt has none, and a row
+    without one was written before runs recorded intervals."""
+    shown = cell(value, fmt)
+    if not shown:
+        return shown
+    shown += unit
+    if cell(lo, fmt) and cell(hi, fmt):
+        return f"{shown} ({cell(lo, fmt)}-{cell(hi, fmt)})"
+    reason = "n/a: one prompt" if n_units is not None and not pd.isna(n_units) and n_units < 2 else NO_INTERVAL
+    return f"{shown} ({reason})"
+
+
+def interval_cells(
+    rows: pd.DataFrame, column: str, lo: str, hi: str, fmt: str, reference: str | None, unit: str = ""
+) -> list[str]:
+    """A ratio column with its interval beside each value; the reference row (a ratio to itself) bare."""
+    missing = pd.Series([float("nan")] * len(rows), index=rows.index)
+    los, his = rows[lo] if lo in rows else missing, rows[hi] if hi in rows else missing
+    units = rows["n_prompts"] if "n_prompts" in rows else missing
+    return [
+        cell(v, fmt) + unit if d == reference else with_interval(v, a, b, fmt, n, unit)
+        for d, v, a, b, n in zip(rows["decoder"], rows[column], los, his, units)
+    ]
+
+
 def key_table(rows: pd.DataFrame, figure: str | None) -> pd.DataFrame:
     """The part's table: decoder, window, the settings that tell its decoders apart, then every key
     column some row has, step compression over SJD's when the run has a decoder named sjd, and for an
@@ -72,10 +107,14 @@ def key_table(rows: pd.DataFrame, figure: str | None) -> pd.DataFrame:
     )
     for column, heading, fmt in COLUMNS:
         if column in rows and rows[column].notna().any():
-            table[heading] = [cell(v, fmt) for v in rows[column]]
+            if column in INTERVALS:
+                table[heading] = interval_cells(rows, column, *INTERVALS[column], fmt, baseline)
+            else:
+                table[heading] = [cell(v, fmt) for v in rows[column]]
         if column == "step_compression" and "sjd" in set(rows["decoder"]):
             sjd = float(rows.loc[rows["decoder"] == "sjd", "step_compression"].iloc[0])
-            table["vs sjd"] = [cell(v / sjd, ".2f") for v in rows["step_compression"]]
+            ratios = rows.assign(vs_sjd=rows["step_compression"] / sjd)
+            table["vs sjd"] = interval_cells(ratios, "vs_sjd", "vs_sjd_lo", "vs_sjd_hi", ".2f", "sjd")
     if figure == "accept_hist":
         shares = [accepted_length_shares(h) for h in rows["accept_hist"]]
         table["forwards committing 1 token"] = [cell(one, ".0%") for one, _ in shares]
@@ -106,9 +145,22 @@ def describe_run(rows: pd.DataFrame) -> str:
         f"batch size {first['batch_size']}",
         f"device `{first['device']}`",
     ]
+    parts.append(machine_load(rows))
     if "audit_noise_tv" in rows and rows["audit_noise_tv"].notna().any():
         parts.append(
             f"audit: {int(first['audit_n'])} samples of one caption per decoder against AR's; AR against AR "
             f"(noise floor of audit TV) {first['audit_noise_tv']:.3f}"
         )
     return "; ".join(parts) + "."
+
+
+def machine_load(rows: pd.DataFrame) -> str:
+    """What loaded the machine while the run decoded (sjd.harness.contention), and its verdict."""
+    if "latency_reliable" not in rows or rows["latency_reliable"].isna().all():
+        return "machine load not recorded (rerun to learn whether the latencies were contended)"
+    first = rows.iloc[0]
+    verdict = "latencies reliable" if bool(first["latency_reliable"]) else "latency columns UNRELIABLE: contended"
+    return (
+        f"machine load: 1-min load {first['load_1min_start']:.2f} before decoding, {first['load_1min_end']:.2f} "
+        f"after, on {int(first['usable_cores'])} usable cores, process CPU/wall {first['cpu_per_wall']:.2f}: {verdict}"
+    )
