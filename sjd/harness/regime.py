@@ -83,16 +83,23 @@ def run_table(rows: pd.DataFrame) -> pd.DataFrame:
     for column in ("audit_p", "audit_tv", "audit_noise_tv"):
         table[column] = rows[column].values if column in rows else np.nan
     table["audited_lossless"] = table["lossless"] & (table["audit_p"] >= AUDIT_ALPHA)
+    return table[REGIME_COLUMNS]
+
+
+def with_intervals(table: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """A run's regime rows (run_table) with each ratio's interval and step_compression_se from its
+    summary rows; NaN where the rows were written before runs recorded them."""
+    out = table.copy()
     for column, source in INTERVAL_SOURCES.items():
         for end in ("lo", "hi"):
-            table[f"{column}_{end}"] = rows[f"{source}_{end}"].values if f"{source}_{end}" in rows else np.nan
-    table["step_compression_se"] = rows["step_compression_se"].values if "step_compression_se" in rows else np.nan
-    return table[[*REGIME_COLUMNS, *INTERVAL_COLUMNS, "step_compression_se"]]
+            out[f"{column}_{end}"] = rows[f"{source}_{end}"].values if f"{source}_{end}" in rows else np.nan
+    out["step_compression_se"] = rows["step_compression_se"].values if "step_compression_se" in rows else np.nan
+    return out
 
 
 def regime_table(runs: list[pd.DataFrame]) -> pd.DataFrame:
     """Every run's rows, ordered by entropy, model, window, decoder."""
-    table = pd.concat([run_table(r) for r in runs], ignore_index=True)
+    table = pd.concat([with_intervals(run_table(r), r) for r in runs], ignore_index=True)
     return table.sort_values(["entropy_nats", "model", "window"], kind="stable").reset_index(drop=True)
 
 
