@@ -41,7 +41,7 @@ FIGURES = {  # figure -> the columns its rows need
     "regime": ("step_compression", "entropy_nats"),
 }
 SETTINGS = ("init", "context", "denoise_steps", "coupling", "forced_drafts", "verification", "neighbours",
-            "delta", "branches", "branch_depth", "ar_prefix", "schedule")  # fmt: skip
+            "delta", "branches", "branch_depth", "ar_prefix", "schedule", "official_l")  # fmt: skip
 # (column, heading, format): the key columns, each shown where a row of the part has a value.
 COLUMNS = (
     ("n_prompts", "samples", "d"),
