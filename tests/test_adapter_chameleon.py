@@ -135,6 +135,30 @@ def test_prompt_rows_and_the_sjd_unconditional_rows(lumina, anole):
     assert anole.row_ids("a cat") == anole_row("a cat")
 
 
+class CharTokenizer:
+    """A tokenizer-shaped `encode`, with the BOS id a transformers tokenizer reports."""
+
+    bos_token_id = BOS
+
+    def encode(self, text, add_special_tokens=False):
+        assert not add_special_tokens
+        return encode(text)
+
+
+def test_anole_takes_bos_from_the_tokenizer_not_the_config():
+    """The released Anole config's bos_token_id is the pad token (1); the official prompt starts with
+    the tokenizer's `<s>` (0), which the loader takes and from_model must take too."""
+    model = tiny_chameleon()
+    model.config.bos_token_id = PAD  # as in leloy/Anole-7b-v0.1-hf's config.json
+    for tokenizer in (CharTokenizer(), encode):  # a callable has no BOS: `<s>` of the vocabulary_map
+        adapter = AnoleAdapter.from_model(model, tokenizer, ANOLE_H, ANOLE_W)
+        assert adapter.vocab.bos == BOS
+        assert adapter.row_ids("a cat") == anole_row("a cat") and anole_row("a cat")[0] == BOS == 0
+    del model.config.vocabulary_map["<s>"]
+    with pytest.raises(ValueError, match="no BOS id"):
+        AnoleAdapter.from_model(model, encode, ANOLE_H, ANOLE_W)
+
+
 def test_layouts_force_every_special_token():
     lumina = LuminaAdapter.from_model(tiny_chameleon(), encode, H_GRIDS, W_GRIDS)
     expected = [BOI, SIZE0 - 1 + H_GRIDS, SIZE0 - 1 + W_GRIDS] + ([-1] * 6 + [EOL]) * 4 + [EOI, EOT]
@@ -258,7 +282,9 @@ def test_model_configs_match_their_adapter(compose_cfg, model, cls):
     adapter = dict(cfg.model.adapter)
     assert adapter.pop("_target_") == f"{cls.__module__}.{cls.__name__}"
     inspect.signature(cls).bind(**adapter, device="cpu")  # every key is a constructor argument
-    assert cfg.model.sampling.cfg_scale == 3.0 and cfg.model.sampling.top_k == 2000
+    # The official paths' top-k: Lumina-mGPT's scripts pass 2000; SJD's Anole path passes none, so
+    # transformers' default 50 applies (conf/model/anole.yaml).
+    assert cfg.model.sampling.cfg_scale == 3.0 and cfg.model.sampling.top_k == {"lumina": 2000, "anole": 50}[model]
 
 
 # -- the adapter contract --------------------------------------------------------------------------

@@ -39,6 +39,54 @@ def test_every_experiment_composes_and_builds_its_decoders(compose_cfg, experime
         assert baseline == "ar" and decoders[0].name == "ar"
 
 
+# Settings that are the harness's improvements, never the official code's: (attribute, its harness value).
+HARNESS_ONLY = (
+    ("schedule", "harness"),  # the official SJD loop's window rule is `official`
+    ("forced_drafts", True),  # the official samplers draft grammar-forced slots like any other
+    ("verification", "block"),  # block verification (Sun et al.) is no published row's rule
+    ("init", "vertical_dist"),  # our distribution drafts
+)
+PUBLISHED = pd.read_csv(ROOT / "results" / "paper" / "published.csv")
+PAPER_OVERLAYS = sorted(set(EXPERIMENTS) & set(PUBLISHED["table"]))
+
+
+def harness_only_settings(decoder) -> list[str]:
+    """`key=value` for each harness-only improvement the built decoder has switched on."""
+    return [f"{key}={value}" for key, value in HARNESS_ONLY if key in vars(decoder) and vars(decoder)[key] == value]
+
+
+def published_rows(cfg):
+    """The decoders a paper overlay builds, as run.py builds them, less its `_harness` rows."""
+    from sjd.harness.runner import build_decoders
+
+    return [d for d in build_decoders(cfg)[0] if not d.name.endswith("_harness")]
+
+
+@pytest.mark.parametrize("table", PAPER_OVERLAYS)
+def test_published_rows_of_paper_overlays_enable_no_harness_only_improvement(compose_cfg, table):
+    """Every row of a paper overlay not named `_harness` runs the official algorithm: the official
+    schedule and drafts, the method's own verification and drafts."""
+    cfg = compose_cfg([f"experiment={table}"])
+    rows = published_rows(cfg)
+    assert {d.name for d in rows} & set(PUBLISHED.query("table == @table")["method"]), table
+    offending = {d.name: harness_only_settings(d) for d in rows if harness_only_settings(d)}
+    assert not offending, f"{table}: published-method rows with harness-only settings: {offending}"
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("decoder.forced_drafts=true", "forced_drafts=True"),
+        ("decoder.schedule=harness", "schedule=harness"),
+        ("decoder.verification=block", "verification=block"),
+        ("extra_decoders.0.forced_drafts=true", "forced_drafts=True"),
+    ],
+)
+def test_the_overlay_check_catches_a_published_row_with_a_harness_improvement(compose_cfg, override, expected):
+    cfg = compose_cfg(["experiment=sjd_lumina_coco5k", override])
+    assert any(expected in harness_only_settings(d) for d in published_rows(cfg)), override
+
+
 STUDY_COMMANDS = [
     (path.stem, command)
     for path in sorted((ROOT / "conf" / "experiment").glob("*.yaml"))

@@ -1,4 +1,5 @@
-"""Every command line that README.md and docs/ show works as documented, at tiny size.
+"""Every command line that README.md and docs/ show works as documented, at tiny size, in a shell
+that has done what the README's set-up says and nothing more.
 
 The commands are read from the docs themselves: lines inside fenced code blocks of README.md and
 docs/**/*.md that start with `python run.py`, `python scripts/`, `torchrun` or `make`. Each must match
@@ -16,26 +17,54 @@ an entry of REGISTRY, which says how it is exercised:
 - `exempt`: not run here, with the reason.
 A documented command that matches no entry fails test_every_documented_command_is_registered, whose
 message says how to register it. EXAMPLES are exercised whatever the docs show at the moment.
+
+The shell. README.md's set-up block is `make run`, `make test`, then `source .venv/bin/activate`.
+The make steps build `.venv/` in the checkout: a venv with the pinned packages of pyproject.toml and
+the checkout installed editable. Building it again here would take minutes and a network, so the
+test builds that same venv another way (`readme_venv`): `python -m venv` in the checkout copy, whose
+site-packages adds the site-packages of the venv running these tests (which `make test` installed
+from the same pyproject.toml; its .pth start-up hooks run too) and, first on the path, the checkout
+copy itself, as the editable install does. The steps of the set-up block that are not make steps
+are then run as typed: each command runs as `bash -c '<those steps> && <command>'` in the checkout,
+started from a bare environment (`BARE_ENV`: HOME, the system PATH, a UTF-8 locale, and what this
+test machine is: offline, W&B offline, one thread per process). Nothing points Python anywhere: no
+PYTHONPATH, no interpreter path; `python` is what the activation puts first on PATH. A make target
+runs its recipe with the Makefile's `$(PY)` (`.venv/bin/python`), as make does. The control
+test_without_the_activation_the_documented_run_fails runs the same bare shell without the
+activation step and requires the README's first command to fail, so the bare shell cannot pass on
+anything the test process has.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from checkout_copy import checkout_copy, checkout_env, git
+from checkout_copy import checkout_copy, git
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIXES = ("python run.py", "python scripts/", "torchrun", "make")
 TINY = {"prompts.n": "2", "decoder.window": "4", "warmup": "0"}
 SCRIPT_ARGS = {"audit.py": ["n_samples=300"]}  # hydra overrides appended to a script at tiny size
+VENV = ".venv"  # the Makefile's VENV
+MAKE_STEPS = ("make run", "make test")  # what readme_venv stands in for
+BARE_ENV = {
+    "HOME": os.environ.get("HOME", "/tmp"),
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "HF_HUB_OFFLINE": "1",  # no network here: a hub id fails at once, with no retries
+    "WANDB_MODE": "offline",
+    "OMP_NUM_THREADS": "1",
+}
 REAL_MODELS = "lumina|lumina_sjd2|emu3|emu3_sjd2|janus|janus1b|anole|llamagen"
 REAL_EXPERIMENTS = (
     "sjd_lumina_coco5k|pjd_lumina_coco5k|pjd_llamagen_coco5k|sjd2_lumina_coco|sjd2_emu3_coco|scd_lumina_coco5k|"
@@ -123,6 +152,44 @@ def documented_commands() -> list[tuple[str, str]]:
     return found
 
 
+def readme_setup() -> list[str]:
+    """The lines of README.md's set-up block: the first fenced block after the `## Set-up` heading."""
+    text = (ROOT / "README.md").read_text()
+    heading = re.search(r"^## Set-up.*$", text, re.M)
+    assert heading, "README.md has no '## Set-up' section"
+    block = re.search(r"^```[a-z]*\n(.*?)^```", text[heading.end() :], re.M | re.S)
+    assert block, "README.md's set-up section has no fenced block"
+    return [_normalise(line) for line in block.group(1).splitlines() if _normalise(line)]
+
+
+def shell_steps() -> list[str]:
+    """The set-up steps a shell runs before a documented command: every one but the make steps,
+    which readme_venv stands in for (and which must be exactly those it knows)."""
+    setup = readme_setup()
+    made = [line for line in setup if line.startswith("make")]
+    assert tuple(made) == MAKE_STEPS, (
+        f"README set-up builds the venv with {made}; readme_venv stands in for {MAKE_STEPS}"
+    )
+    return [line for line in setup if not line.startswith("make")]
+
+
+def readme_venv(checkout: Path) -> Path:
+    """`.venv/` in the checkout as `make` leaves it: the packages of the venv running the tests,
+    and the checkout itself importable first, as its editable install makes it (see the docstring)."""
+    venv = checkout / VENV
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    )  # fmt: skip
+    ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    (site / "a_editable_checkout.pth").write_text(f"{checkout}\n")
+    (site / "b_pinned_packages.pth").write_text("".join(f"import site; site.addsitedir({d!r})\n" for d in ours))
+    return venv
+
+
 def entry_of(command: str) -> Entry | None:
     return next((e for e in REGISTRY if re.fullmatch(e.pattern, command)), None)
 
@@ -160,16 +227,18 @@ def _exercised(how: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
-    return checkout_copy(tmp_path_factory.mktemp("docs") / "checkout")
+    copy = checkout_copy(tmp_path_factory.mktemp("docs") / "checkout")
+    readme_venv(copy)
+    return copy
 
 
 def _argv(command: str, checkout: Path) -> list[str]:
-    """The command as a process would get it here: this python, placeholders filled in."""
+    """The command as typed, placeholders filled in (`python` stays `python`: the shell finds it)."""
     args = shlex.split(
         command.replace("decoder=NAME", "decoder=sjd").replace("--nproc_per_node=N", "--nproc_per_node=2")
     )
     assert args[0] == "python", command
-    return [sys.executable, *[a for a in args[1:] if a != "..."]]
+    return [a for a in args if a != "..."]
 
 
 def _with_tiny(argv: list[str], tiny: dict[str, str] = TINY) -> list[str]:
@@ -177,9 +246,14 @@ def _with_tiny(argv: list[str], tiny: dict[str, str] = TINY) -> list[str]:
     return [*argv, *(f"{k}={v}" for k, v in tiny.items() if k not in given)]
 
 
-def _run_in(checkout: Path, argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**checkout_env(checkout), "HF_HUB_OFFLINE": "1"}  # no network here: fail at once, no retries
-    return subprocess.run(argv, cwd=checkout, env=env, capture_output=True, text=True, timeout=timeout)
+def _run_in(
+    checkout: Path, argv: list[str], timeout: float = 600, steps: list[str] | None = None
+) -> subprocess.CompletedProcess:
+    """`argv` in a bare shell in the checkout, after the README's set-up steps (`steps`)."""
+    line = " && ".join([*(shell_steps() if steps is None else steps), shlex.join(argv)])
+    return subprocess.run(
+        ["bash", "-c", line], cwd=checkout, env=BARE_ENV, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _summaries(checkout: Path) -> set[Path]:
@@ -189,11 +263,12 @@ def _summaries(checkout: Path) -> set[Path]:
 _PASSED: set[tuple[str, ...]] = set()  # command lines already exercised in this session (make run = python run.py)
 
 
-def exercise_run(command: str, argv: list[str], checkout: Path) -> None:
-    if tuple(argv) in _PASSED:
+def exercise_run(command: str, argv: list[str], checkout: Path, steps: list[str] | None = None) -> None:
+    key = ("python", *argv[1:])  # make's .venv/bin/python is the activated venv's python
+    if key in _PASSED:
         return
     before = _summaries(checkout)
-    proc = _run_in(checkout, _with_tiny(argv))
+    proc = _run_in(checkout, _with_tiny(argv), steps=steps)
     assert proc.returncode == 0, f"{command}:\n{proc.stderr[-3000:]}"
     new = sorted(_summaries(checkout) - before)
     jobs = 1
@@ -208,7 +283,7 @@ def exercise_run(command: str, argv: list[str], checkout: Path) -> None:
         if (summary.parent / ".hydra" / "config.yaml").read_text().count("fid:"):  # the toy eval is on
             assert rows["fid"].notna().all() and rows["clip"].notna().all(), command
     assert git(checkout, "status", "--porcelain") == "", f"{command} changed the checkout"
-    _PASSED.add(tuple(argv))
+    _PASSED.add(key)
 
 
 @pytest.mark.slow
@@ -226,7 +301,30 @@ def test_documented_make_target_runs_its_recipe(command, checkout):
     assert recipe, f"Makefile has no target {target}"
     lines = [x.strip() for x in recipe.group(1).splitlines()]
     assert len(lines) == 1 and lines[0].startswith("$(PY) run.py"), f"make {target}: {lines} is not a run.py command"
-    exercise_run(command, [sys.executable, *shlex.split(lines[0])[1:]], checkout)
+    # make runs its recipe with $(PY) = .venv/bin/python, not through an activated shell
+    exercise_run(command, [f"{VENV}/bin/python", *shlex.split(lines[0])[1:]], checkout, steps=[])
+
+
+def test_the_readme_set_up_enters_the_venv_it_builds():
+    assert f"source {VENV}/bin/activate" in shell_steps(), readme_setup()
+
+
+def test_the_activated_shell_imports_the_checkout_and_its_pinned_packages(checkout):
+    """From scripts/ (where the script's own directory, not the checkout, leads sys.path), as
+    `python scripts/...` runs: `sjd` is the checkout's, hydra and torch are the pinned packages."""
+    probe = "import hydra, sjd, torch; print(sjd.__file__)"
+    proc = _run_in(checkout, ["python", "-c", probe], steps=[*shell_steps(), "cd scripts"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert Path(proc.stdout.strip().splitlines()[-1]) == checkout / "sjd" / "__init__.py", proc.stdout
+
+
+@pytest.mark.slow
+def test_without_the_activation_the_documented_run_fails(checkout):
+    """The control: the bare shell alone, without the README's activation step, cannot run
+    `python run.py` (no python, or one without the packages), so nothing leaks from this process."""
+    proc = _run_in(checkout, _with_tiny(["python", "run.py"]), steps=[], timeout=120)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert re.search(r"No module named|command not found", proc.stderr), proc.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -255,8 +353,8 @@ def test_placeholders_and_optional_parts_are_filled_in():
     assert _normalise("$ torchrun --nproc_per_node=N run.py [key=value ...]   # data-parallel") == (
         "torchrun --nproc_per_node=N run.py"
     )
-    assert _with_tiny([sys.executable, "run.py", "prompts.n=8"]) == [sys.executable, "run.py", "prompts.n=8",
-                                                                     "decoder.window=4", "warmup=0"]  # fmt: skip
+    assert _with_tiny(["python", "run.py", "prompts.n=8"]) == ["python", "run.py", "prompts.n=8",
+                                                               "decoder.window=4", "warmup=0"]  # fmt: skip
     assert entry_of("python run.py model=lumina decoder=sjd").how == "needs_weights"
     assert entry_of("python run.py --multirun decoder.window=4,8,16").how == "run"
     assert entry_of("python scripts/no_such_script.py") is None

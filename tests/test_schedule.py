@@ -124,6 +124,45 @@ def test_decoders_run_the_official_windows(toy, decoder):
     assert max(expected) == 16 and expected[0] == 1
 
 
+def test_official_l_on_a_128_px_lumina_layout_single_steps_the_first_l_tokens_and_one_more():
+    """l = 1 (the evaluation loaders') against l = 3 (the demo script's): after the prefill's token, l
+    tokens are decoded one per forward (the window lags one commit), so with l = 3 the first window
+    starts after begin-of-image (the prefill's), both size tokens and the first code."""
+    layout = lumina_at(128)
+    for official_l, single_steps in ((1, 1), (3, 3)):
+        s = make_schedule("official", 16, 1, 0, layout, "lumina", official_l)
+        assert s.interval == JacobiInterval(official_l, 62)
+        committed, previous, widths = 1, 0, []
+        while (width := s.width(committed, previous)) == 1:  # one token per forward until the first window
+            widths.append(width)
+            previous, committed = committed, committed + 1
+        assert widths == [1] * single_steps and width == 16 and committed == official_l + 1
+
+
+@pytest.mark.parametrize("official_l, leading_single_steps", [(1, 1), (3, 3)])
+def test_the_windows_forwarded_follow_official_l(toy, official_l, leading_single_steps):
+    """The windows SJD actually forwards on the toy: after the prefill, `official_l` single-token
+    forwards, then full windows; the whole sequence is the schedule's, replayed from the accepted counts."""
+    decoder = SJDDecoder(window=8, schedule="official", official_l=official_l, forced_drafts=False)
+    recorder = WindowRecorder(toy)
+    res = decoder.generate(recorder, PROMPTS[:1], SAMPLED, gens(PROMPTS[:1]))
+    assert recorder.widths[: leading_single_steps + 1] == [1] * leading_single_steps + [8]
+    schedule = decoder.window_schedule(toy)
+    assert schedule.interval.l == official_l
+    committed, previous, expected = 1, 0, []
+    for take in res.accepted[0][1:]:
+        expected.append(schedule.width(committed, previous))
+        previous, committed = committed, committed + take
+    assert recorder.widths == expected and committed == toy.layout.n_tokens
+
+
+def test_official_l_is_checked_and_recorded():
+    with pytest.raises(ValueError, match=r"decoder\.official_l must be an integer >= 1, got 0"):
+        SJDDecoder(schedule="official", official_l=0)
+    assert SJDDecoder().config()["official_l"] == 1
+    assert CoupledSJDDecoder(official_l=3).config()["official_l"] == 3
+
+
 def test_greedy_official_sjd_equals_greedy_ar(toy):
     ar = ARDecoder().generate(toy, PROMPTS, GREEDY, gens(PROMPTS))
     sjd = SJDDecoder(window=16, schedule="official").generate(toy, PROMPTS, GREEDY, gens(PROMPTS, seed=7))

@@ -52,10 +52,13 @@ def test_the_fine_tuned_model_reads_noisy_embeddings():
     assert losses[0] < losses[N_LEVELS // 2] < losses[N_LEVELS - 1] - 0.05, losses
 
 
-def test_sjd2_with_one_denoising_step_equals_greedy_ar(toy_sjd2):
-    """denoise_steps=1: every carried draft enters clean, so p only ever sees clean tokens."""
+@pytest.mark.parametrize("forced_drafts", [True, False])
+def test_sjd2_with_one_denoising_step_equals_greedy_ar(toy_sjd2, forced_drafts):
+    """denoise_steps=1: every carried draft enters clean, so the committed tokens only ever see clean
+    tokens; without forced drafts a forced slot enters as noise and ends the verified prefix."""
     ar = ARDecoder().generate(toy_sjd2, PROMPTS, GREEDY, gens(PROMPTS))
-    res = SJD2Decoder(window=16, denoise_steps=1).generate(toy_sjd2, PROMPTS, GREEDY, gens(PROMPTS, seed=3))
+    decoder = SJD2Decoder(window=16, denoise_steps=1, forced_drafts=forced_drafts)
+    res = decoder.generate(toy_sjd2, PROMPTS, GREEDY, gens(PROMPTS, seed=3))
     assert torch.equal(ar.tokens, res.tokens)
     assert all(n < toy_sjd2.layout.n_tokens for n in res.n_forward)
 

@@ -10,8 +10,9 @@ Two schedules (`decoder.schedule`):
   forward; g is the generated length *before* the iteration that just ran, because the sampler
   computes the next window before it updates its length. So the window lags one iteration: it is
   sized from where the row stood one commit ago, and the last window before r may reach past r by
-  what that commit added. l and r come from the image layout by the rule the official scripts use
-  for each model family (`official_interval`).
+  what that commit added. r comes from the image layout by the rule the official scripts use
+  for each model family (`official_interval`); l is `official_l`, 1 by default: the value of the
+  official evaluation loaders for every family (the repository's Lumina-mGPT demo script uses 3).
 
 Both are pure: `width(committed, previous)` maps a row's committed length and its committed length
 one iteration earlier (0 before the prefill's token) to the next window, 0 when the row is complete.
@@ -35,34 +36,40 @@ class JacobiInterval:
     r: int
 
 
-def official_interval(family: str, layout: ImageLayout, window: int) -> JacobiInterval:
+OFFICIAL_L = 1  # jacobi_loop_interval_l of the official evaluation loaders, for every model family
+
+
+def official_interval(family: str, layout: ImageLayout, window: int, l: int = OFFICIAL_L) -> JacobiInterval:  # noqa: E741
     """The official scripts' jacobi_loop_interval_l/r for a model family at this layout's size.
 
     Taken from the loaders its evaluation script (eval_model.py, behind the paper's COCO and Parti
     tables) uses; h is the number of code rows, which those scripts compute as target_size // 16
-    (// 8 on Emu3) and assume square:
-      lumina    l = 1, r = h * (w + 1) - 10: the image body (rows with their end-of-line) minus 10,
-                so the last 15 of Lumina's tokens (2357 at 768 px, r = 2342) are single steps.
-                (The repository's demo script test_lumina_mgpt.py uses l = 3 with the same r.)
-      anole     l = 1, r = h * h + h - 10: Lumina's formula reused; Anole has no end-of-line
+    (// 8 on Emu3) and assume square. Those loaders use l = 1 for every family; `l` overrides it
+    (the repository's demo script test_lumina_mgpt.py uses l = 3: begin-of-image and the two size
+    tokens decoded one per forward). The r rules:
+      lumina    r = h * (w + 1) - 10: the image body (rows with their end-of-line) minus 10,
+                so the last 15 of Lumina's tokens (2357 at 768 px, r = 2342) are single steps
+                (the demo script uses the same r).
+      anole     r = h * h + h - 10: Lumina's formula reused; Anole has no end-of-line
                 token, so r lies past the image and only the end shrinks the window.
-      emu3      l = 1, r = h * (w + 1) - 1.
-      llamagen  l = 1, r = h * w - window - 2.
-      generic   l = 1, r = h * row_stride: the official sampler's own default (sized for a
+      emu3      r = h * (w + 1) - 1.
+      llamagen  r = h * w - window - 2.
+      generic   r = h * row_stride: the official sampler's own default (sized for a
                 768 px Lumina image: 48 * 48 + 48), for models the official code never ran
                 (the toy, the micro audit model, Janus-Pro).
     """
     h, w, stride = layout.height, layout.width, layout.row_stride
-    rules = {
-        "lumina": (1, h * (w + 1) - 10),
-        "anole": (1, h * h + h - 10),
-        "emu3": (1, h * (w + 1) - 1),
-        "llamagen": (1, h * w - window - 2),
-        "generic": (1, h * stride),
+    right = {
+        "lumina": h * (w + 1) - 10,
+        "anole": h * h + h - 10,
+        "emu3": h * (w + 1) - 1,
+        "llamagen": h * w - window - 2,
+        "generic": h * stride,
     }
-    if family not in rules:
-        raise ValueError(f"unknown official schedule family {family!r}; known: {sorted(rules)}")
-    return JacobiInterval(*rules[family])
+    if family not in right:
+        raise ValueError(f"unknown official schedule family {family!r}; known: {sorted(right)}")
+    check_official_l(l)
+    return JacobiInterval(l, right[family])
 
 
 @dataclass(frozen=True)
@@ -105,12 +112,26 @@ def check_schedule(schedule: str) -> None:
         raise ValueError(f"decoder.schedule must be one of {SCHEDULES}, got {schedule!r}")
 
 
+def check_official_l(l: int) -> None:  # noqa: E741
+    # l = 0 would window the prefill's own forward, which the official loop never does.
+    if isinstance(l, bool) or not isinstance(l, int) or l < 1:
+        raise ValueError(f"decoder.official_l must be an integer >= 1, got {l!r}")
+
+
 def make_schedule(
-    schedule: str, window: int, ar_prefix: int, ar_suffix: int, layout: ImageLayout, family: str = "generic"
+    schedule: str,
+    window: int,
+    ar_prefix: int,
+    ar_suffix: int,
+    layout: ImageLayout,
+    family: str = "generic",
+    official_l: int = OFFICIAL_L,
 ) -> WindowSchedule:
     """The schedule a decoder runs on a model: `family` names the model's official rule
-    (ModelAdapter.official_schedule); `ar_prefix` / `ar_suffix` serve the harness schedule only."""
+    (ModelAdapter.official_schedule) and `official_l` its l; `ar_prefix` / `ar_suffix` serve the
+    harness schedule only."""
     check_schedule(schedule)
     if schedule == "official":
-        return OfficialSchedule(window, official_interval(family, layout, window), layout.n_tokens)
+        interval = official_interval(family, layout, window, official_l)
+        return OfficialSchedule(window, interval, layout.n_tokens)
     return HarnessSchedule(window, ar_prefix, ar_suffix, layout.n_tokens)

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 import torch
 
 from sjd.core.sampling import sample_from
+from sjd.core.schedule import OFFICIAL_L
 from sjd.core.verify import VerifyResult, residual
 from sjd.decoders.sjd import SJDDecoder, WindowState
 from sjd.types import ImageLayout
@@ -56,10 +57,13 @@ class CoupledSJDDecoder(SJDDecoder):
         ar_suffix: int = 0,
         forced_drafts: bool = True,
         schedule: str = "harness",
+        official_l: int = OFFICIAL_L,
     ) -> None:
         if coupling not in COUPLINGS:
             raise ValueError(f"decoder.coupling must be one of {COUPLINGS}, got {coupling!r}")
-        super().__init__(name, window, init, ar_prefix, ar_suffix, forced_drafts, schedule=schedule)
+        super().__init__(
+            name, window, init, ar_prefix, ar_suffix, forced_drafts, schedule=schedule, official_l=official_l
+        )
         self.coupling = coupling
 
     def begin(self, state: WindowState, layout: ImageLayout, generators: Sequence[torch.Generator]) -> None:

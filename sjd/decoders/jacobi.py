@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from sjd.core.sampling import sample_from
+from sjd.core.schedule import OFFICIAL_L
 from sjd.core.verify import VerifyResult, exact_match_verify
 from sjd.decoders.sjd import SJDDecoder, draw_uniforms
 
@@ -27,10 +28,19 @@ class JacobiDecoder(SJDDecoder):
         init: str = "random",
         ar_prefix: int = 1,
         ar_suffix: int = 0,
+        forced_drafts: bool = True,
         schedule: str = "harness",
+        official_l: int = OFFICIAL_L,
     ) -> None:
         super().__init__(
-            name=name, window=window, init=init, ar_prefix=ar_prefix, ar_suffix=ar_suffix, schedule=schedule
+            name=name,
+            window=window,
+            init=init,
+            ar_prefix=ar_prefix,
+            ar_suffix=ar_suffix,
+            forced_drafts=forced_drafts,
+            schedule=schedule,
+            official_l=official_l,
         )
         self.verification = "exact_match"  # recorded with the results: Jacobi's rule, not SJD's
 

@@ -26,6 +26,7 @@ from sjd.core.relaxed_rules import (
     neighbour_table,
     relaxed_verify,
 )
+from sjd.core.schedule import OFFICIAL_L
 from sjd.core.verify import VerifyResult
 from sjd.decoders.sjd import SJDDecoder, WindowState
 from sjd.models.base import ModelAdapter
@@ -50,7 +51,9 @@ class RelaxedSJDDecoder(SJDDecoder):
         delta: float = 0.1,
         ar_prefix: int = 1,
         ar_suffix: int = 0,
+        forced_drafts: bool = True,
         schedule: str = "harness",
+        official_l: int = OFFICIAL_L,
     ) -> None:
         if acceptance not in RULES:
             raise ValueError(f"decoder.acceptance must be one of {RULES}, got {acceptance!r}")
@@ -59,7 +62,9 @@ class RelaxedSJDDecoder(SJDDecoder):
                 "decoder.neighbours must be >= 1 and decoder.rank_radius, decoder.p_tol, decoder.delta >= 0, "
                 f"got {neighbours}, {rank_radius}, {p_tol}, {delta}"
             )
-        super().__init__(name, window, init, ar_prefix, ar_suffix, schedule=schedule)
+        super().__init__(
+            name, window, init, ar_prefix, ar_suffix, forced_drafts, schedule=schedule, official_l=official_l
+        )
         self.verification = "relaxed"  # recorded with the results: `acceptance` replaces SJD's rule
         self.acceptance, self.neighbours = acceptance, neighbours
         self.p_tol, self.rank_radius, self.delta = p_tol, rank_radius, delta

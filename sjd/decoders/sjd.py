@@ -12,9 +12,11 @@ Choices where the paper leaves room (all config, see conf/decoder/sjd.yaml):
 - `schedule` (sjd.core.schedule): `harness` windows are `window` wide, one token per forward at
   generated positions below `ar_prefix` or in the last `ar_suffix`; `official` is the official
   sampler's loop (Jacobi only inside the model family's [l, r), a window capped at r, sized from
-  the row's length one iteration back), for reproducing the papers' tables.
+  the row's length one iteration back), for reproducing the papers' tables; `official_l` is its l
+  (1, the official evaluation loaders'; the SJD repository's Lumina-mGPT demo script uses 3).
 - Drafts at grammar-forced positions are the forced token (one-hot q): lossless, and it avoids
-  the certain rejection a random draft meets there (`forced_drafts=false` turns it off, for ablations).
+  the certain rejection a random draft meets there. This is the harness's improvement: the official
+  sampler drafts those slots like any other, so rows reproducing a paper set `forced_drafts=false`.
 - `verification: block` decides the accepted length for the window jointly (sjd.core.verify.block_verify,
   Sun et al. 2025): exact, and never fewer accepted drafts in expectation than `token`, the paper's
   left-to-right rule. It needs fresh next drafts, which SJD's Jacobi update draws; coupled decoders
@@ -33,7 +35,7 @@ import torch
 
 from sjd.core.drafts import DISTRIBUTION_SCHEMES, SCHEMES, distribution_drafts, fresh_drafts, one_hot
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
-from sjd.core.schedule import WindowSchedule, check_schedule, make_schedule
+from sjd.core.schedule import OFFICIAL_L, WindowSchedule, check_official_l, check_schedule, make_schedule
 from sjd.core.verify import VerifyResult, block_verify
 from sjd.core.verify import verify as speculative_verify
 from sjd.decoders.base import WINDOW_CAPABILITY, Decoder, DecodeResult, ForwardClock
@@ -56,6 +58,7 @@ class SJDDecoder(Decoder):
         forced_drafts: bool = True,
         verification: str = "token",
         schedule: str = "harness",
+        official_l: int = OFFICIAL_L,
     ) -> None:
         if window < 1:
             raise ValueError(f"decoder.window must be >= 1, got {window}")
@@ -66,16 +69,19 @@ class SJDDecoder(Decoder):
         if verification not in VERIFICATIONS:
             raise ValueError(f"decoder.verification must be one of {VERIFICATIONS}, got {verification!r}")
         check_schedule(schedule)
+        check_official_l(official_l)
         self.name, self.window, self.init = name, window, init
         self.ar_prefix, self.ar_suffix = ar_prefix, ar_suffix
         self.forced_drafts = forced_drafts
         self.verification = verification
-        self.schedule = schedule
+        self.schedule, self.official_l = schedule, official_l
 
     def window_schedule(self, adapter: ModelAdapter) -> WindowSchedule:
         """The window rule on this model (the official one follows the adapter's model family)."""
         family = adapter.official_schedule
-        return make_schedule(self.schedule, self.window, self.ar_prefix, self.ar_suffix, adapter.layout, family)
+        return make_schedule(
+            self.schedule, self.window, self.ar_prefix, self.ar_suffix, adapter.layout, family, self.official_l
+        )
 
     @staticmethod
     def widths(schedule: WindowSchedule, state: WindowState) -> list[int]:

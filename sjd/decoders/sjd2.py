@@ -16,7 +16,10 @@ window); the tests use that to check the loop against AR.
 Our choices where the paper leaves room (conf/decoder/sjd2.yaml): `window` counts
 forward inputs as in SJD; the level falls linearly from pure noise to clean over
 `denoise_steps` iterations; fresh noise is drawn every iteration (from each row's generator);
-grammar-forced slots get the forced token, clean, with a one-hot draft distribution.
+with `forced_drafts` (the default) grammar-forced slots get the forced token, clean, with a one-hot
+draft distribution. `forced_drafts: false` gives them no draft: they enter as pure noise like every
+fresh slot and end the verified prefix, as a random draft there ends it in the official SJD sampler
+(SJD2's code is unreleased; the paper overlays take that reading, conf/experiment/sjd2_*.yaml).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
+from sjd.core.schedule import OFFICIAL_L
 from sjd.core.verify import verify as speculative_verify
 from sjd.decoders.base import Decoder, DecodeResult, ForwardClock
 from sjd.decoders.sjd import SJDDecoder, WindowState, draw_uniforms
@@ -46,14 +50,19 @@ class SJD2Decoder(Decoder):
         ar_prefix: int = 1,
         ar_suffix: int = 0,
         schedule: str = "harness",
+        forced_drafts: bool = True,
+        official_l: int = OFFICIAL_L,
     ) -> None:
         if denoise_steps < 1:
             raise ValueError(f"decoder.denoise_steps must be >= 1, got {denoise_steps}")
         # SJD's window rules (and their validation); SJD2's official code is unreleased, and its authors'
         # SJD sampler is the one it extends, so `official` is SJD's rule (sjd.core.schedule).
-        self._windows = SJDDecoder(window=window, ar_prefix=ar_prefix, ar_suffix=ar_suffix, schedule=schedule)
+        self._windows = SJDDecoder(
+            window=window, ar_prefix=ar_prefix, ar_suffix=ar_suffix, schedule=schedule, official_l=official_l
+        )
         self.name, self.window, self.denoise_steps = name, window, denoise_steps
-        self.ar_prefix, self.ar_suffix, self.schedule = ar_prefix, ar_suffix, schedule
+        self.ar_prefix, self.ar_suffix, self.schedule, self.official_l = ar_prefix, ar_suffix, schedule, official_l
+        self.forced_drafts = forced_drafts
         self.lossless = denoise_steps == 1
 
     def check(self, adapter: ModelAdapter) -> None:
@@ -109,7 +118,7 @@ class SJD2Decoder(Decoder):
                 tokens[b, 1 : 1 + k], in_levels[b, 1 : 1 + k] = state.carried[b][:k], levels[b][:k]
                 drafts[b, :k], q[b, :k] = state.carried[b][:k], state.carried_q[b][:k]
                 slot_forced = forced[n + k : n + w - 1]  # fresh slots: forced ones are known, clean
-                is_forced = slot_forced >= 0
+                is_forced = (slot_forced >= 0) & self.forced_drafts  # else they enter as noise, like any fresh slot
                 tokens[b, 1 + k : w] = slot_forced.clamp(min=0)
                 in_levels[b, 1 + k : w] = torch.where(is_forced, 0, noise_level)
                 lead = int(is_forced.long().cumprod(0).sum())  # forced slots right after the drafts verify too

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
+from sjd.core.schedule import OFFICIAL_L
 from sjd.core.verify import VerifyResult, accept_tests, residual
 from sjd.decoders.base import DecodeResult, ForwardClock
 from sjd.decoders.coupled import CoupledSJDDecoder
@@ -78,12 +79,13 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
         ar_suffix: int = 0,
         forced_drafts: bool = True,
         schedule: str = "harness",
+        official_l: int = OFFICIAL_L,
     ) -> None:
         if branches < 1 or branch_depth < 0:
             raise ValueError(
                 f"decoder.branches must be >= 1 and decoder.branch_depth >= 0, got {branches}, {branch_depth}"
             )
-        super().__init__(name, window, init, coupling, ar_prefix, ar_suffix, forced_drafts, schedule)
+        super().__init__(name, window, init, coupling, ar_prefix, ar_suffix, forced_drafts, schedule, official_l)
         self.branches, self.branch_depth = branches, branch_depth
 
     def generate(

@@ -24,7 +24,14 @@ from __future__ import annotations
 
 import torch
 
-from sjd.models.chameleon import ChameleonAdapter, ChameleonVocab, TextEncoder, as_encoder, chameleon_layout
+from sjd.models.chameleon import (
+    ChameleonAdapter,
+    ChameleonVocab,
+    TextEncoder,
+    as_encoder,
+    chameleon_layout,
+    tokenizer_bos,
+)
 from sjd.models.chameleon import load_chameleon as _load
 from sjd.models.nets.chameleon_vqgan import ChameleonVQGAN
 from sjd.types import ImageLayout
@@ -74,11 +81,11 @@ class AnoleAdapter(ChameleonAdapter):
         prompt_template: str = QUESTION,
     ) -> AnoleAdapter:
         """Wrap a built `ChameleonForConditionalGeneration` (e.g. a tiny random one) with a tokenizer
-        or a callable str -> ids, for a `height` x `width` code grid."""
+        or a callable str -> ids, for a `height` x `width` code grid. BOS is the tokenizer's (`<s>`; for a
+        callable, `<s>` in the vocabulary_map), as the loader takes it, never the config's `bos_token_id`."""
         self = cls.__new__(cls)
-        self._init(
-            model, as_encoder(tokenizer), height, width, vqgan, torch.device(device), name, prompt_template, None
-        )
+        bos = tokenizer_bos(tokenizer, model.config, name)  # as the loader: the tokenizer's <s>, not the config's
+        self._init(model, as_encoder(tokenizer), height, width, vqgan, torch.device(device), name, prompt_template, bos)
         return self
 
     def _init(

@@ -51,6 +51,7 @@ WEIGHTS_KEY = "model.adapter.weights"
 IMAGE_START = "<racm3:break>"
 IMAGE_END = "<eoss>"
 END_OF_TURN = "<reserved08706>"
+BOS_TOKEN = "<s>"  # the tokenizer's BOS, which the official prompts start with
 IMAGE_CODE = re.compile(r"^IMGIMG([A-J]+)Z$")  # code index spelled with A..J for the digits 0..9
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -268,6 +269,21 @@ def load_chameleon(
     if info["unexpected_keys"]:
         warnings.warn(f"model {name!r}: ignored checkpoint tensors {sorted(info['unexpected_keys'])[:8]}", stacklevel=2)
     return model.to(device), as_encoder(tokenizer), tokenizer.bos_token_id
+
+
+def tokenizer_bos(tokenizer, config, name: str) -> int:
+    """The BOS id the official prompts start with: the tokenizer's (`<s>`), as `load_chameleon` takes
+    it; for a bare callable str -> ids, the id of `<s>` in the config's vocabulary_map. Never the
+    config's `bos_token_id`: in the released Anole config that is the pad token."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is not None:
+        return int(bos)
+    vmap = dict(config.vocabulary_map or {})
+    if BOS_TOKEN not in vmap:
+        raise ValueError(
+            f"model {name!r}: no BOS id: the tokenizer has no bos_token_id and the vocabulary_map no {BOS_TOKEN!r}"
+        )
+    return int(vmap[BOS_TOKEN])
 
 
 def as_encoder(tokenizer) -> TextEncoder:

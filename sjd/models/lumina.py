@@ -32,7 +32,14 @@ from __future__ import annotations
 
 import torch
 
-from sjd.models.chameleon import ChameleonAdapter, ChameleonVocab, TextEncoder, as_encoder, chameleon_layout
+from sjd.models.chameleon import (
+    ChameleonAdapter,
+    ChameleonVocab,
+    TextEncoder,
+    as_encoder,
+    chameleon_layout,
+    tokenizer_bos,
+)
 from sjd.models.chameleon import load_chameleon as _load
 from sjd.models.nets.chameleon_vqgan import ChameleonVQGAN
 from sjd.types import ImageLayout
@@ -92,7 +99,8 @@ class LuminaAdapter(ChameleonAdapter):
         or a callable str -> ids, for an image of `h_grids` x `w_grids` 32-px grids."""
         self = cls.__new__(cls)
         dev = torch.device(device)
-        self._init(model, as_encoder(tokenizer), h_grids, w_grids, vqgan, dev, name, prompt_template, None)
+        bos = tokenizer_bos(tokenizer, model.config, name)  # as the loader: the tokenizer's <s>, not the config's
+        self._init(model, as_encoder(tokenizer), h_grids, w_grids, vqgan, dev, name, prompt_template, bos)
         return self
 
     def _init(

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 
 SETTINGS = ("init", "context", "denoise_steps", "coupling", "forced_drafts", "verification", "neighbours",
-            "delta", "branches", "branch_depth", "ar_prefix", "schedule")  # fmt: skip
+            "delta", "branches", "branch_depth", "ar_prefix", "schedule", "official_l")  # fmt: skip
 # (column, heading, format): the key columns, each shown where a row of the part has a value.
 COLUMNS = (
     ("n_prompts", "samples", "d"),
