@@ -57,7 +57,7 @@ def tokenizing_adapter(family: str, base: str, resolution: int) -> ModelAdapter:
         cls = ChameleonForConditionalGeneration if family == "lumina" else Emu3ForConditionalGeneration
         model = cls(config)
     if family == "lumina":
-        from sjd.models.chameleon import as_encoder
+        from sjd.models.loading import as_encoder
         from sjd.models.lumina import GRID_PX, QUESTION, LuminaAdapter
 
         adapter = LuminaAdapter.__new__(LuminaAdapter)
