@@ -238,7 +238,8 @@ def load_chameleon(
 class ChameleonAdapter(CausalLMAdapter):
     """Protocol plumbing for Chameleon text-to-image models. A model is this class plus its constants
     (`title`, `grid_px`, its question template and defaults) and its layout: `image_layout`, the hook
-    that lays out a `height` x `width` image given in units of `grid_px` pixels."""
+    that lays out a `height` x `width` image given in units of `grid_px` pixels. A subclass restates
+    `__init__` only for its defaults: the config check and Hydra read each class's own signature."""
 
     title = "Chameleon"
     grid_px: int  # pixels per unit of the image grid `image_layout` takes
