@@ -1,6 +1,6 @@
 """Fine-tune the shipped toy model for SJD2's next-clean-token prediction (docs/algorithms.md §10).
 
-    python scripts/finetune_sjd2.py                        # reproduces sjd/assets/toy_sjd2 (~15 min, 2 cores)
+    python scripts/finetune_sjd2.py                        # reproduces sjd/assets/toy_sjd2 (time: its config.json)
     python scripts/finetune_sjd2.py --steps 5 --out /tmp/sjd2   # a smoke run
 
 Starting from sjd/assets/toy, each training sequence gets (with probability 1 - --clean-frac)

@@ -48,6 +48,7 @@ from sjd.decoders.sjd import SJDDecoder
 from sjd.harness.provenance import git_hash, make_generators
 from sjd.harness.results import markdown_table
 from sjd.models.base import ModelAdapter
+from sjd.models.loading import torch_dtype
 from sjd.types import ImageLayout, Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -393,8 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device visible (use --device cpu --tiny for the CPU check)")
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32}.get(args.dtype)
-    dtype = dtype or getattr(torch, args.dtype)
+    dtype = torch_dtype(args.dtype, device)
     env = environment(device, dtype)
     print(
         f"{env['device_name']}, {env['dtype']}, torch {env['torch']}, transformers {env['transformers']}, "

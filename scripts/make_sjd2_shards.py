@@ -9,33 +9,16 @@ Each image is resized and centre-cropped to the square the layout's code grid co
 for the real VQs: 48 x 16 px for Lumina-mGPT 768, 90 x 8 px for Emu3 720) and encoded by the model's own
 VQ (Chameleon's VQGAN for Lumina-mGPT, the checkpoint's Emu3 VQ for Emu3); the caption becomes the
 adapter's conditional prompt row. Only the tokenizer, config and VQ are loaded, not the LM weights.
-Writes `shard-00000.safetensors`, ... of `--shard-size` sequences each (format: sjd/sjd2/data.py).
+Writes `shard-00000.safetensors`, ... of `--shard-size` sequences each (format: sjd/sjd2/data.py); the work is
+`sjd.sjd2.encode.make_shards`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from sjd.sjd2.data import write_shard
-from sjd.sjd2.encode import chameleon_encoder, emu3_encoder, encode_pairs, tokenizing_adapter
-
-DEFAULT_RESOLUTION = {"lumina": 768, "emu3": 720}
-
-
-def read_pairs(path: Path) -> list[tuple[Path, str]]:
-    pairs = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        item = json.loads(line)
-        image = Path(item["image"])
-        image = image if image.is_absolute() else path.parent / image
-        if not image.is_file():
-            raise FileNotFoundError(f"{path}:{n}: image {image} not found")
-        pairs.append((image, str(item["caption"])))
-    return pairs
+from sjd.sjd2.encode import DEFAULT_RESOLUTION, make_shards
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
@@ -50,23 +33,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
     ap.add_argument("--batch", type=int, default=8, help="images per VQ forward")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
-
-    resolution = args.resolution or DEFAULT_RESOLUTION[args.model]
     if args.model == "lumina" and not args.vqgan:
         ap.error("--model lumina needs --vqgan (Chameleon's image tokenizer directory)")
-    adapter = tokenizing_adapter(args.model, args.base, resolution)
-    encoder = (
-        chameleon_encoder(args.vqgan, args.device) if args.model == "lumina" else emu3_encoder(args.base, args.device)
-    )
-    pairs = read_pairs(args.pairs)
-    written = []
-    for k, first in enumerate(range(0, len(pairs), args.shard_size)):
-        examples = encode_pairs(adapter, encoder, pairs[first : first + args.shard_size], args.batch)
-        path = args.out / f"shard-{k:05d}.safetensors"
-        write_shard(path, examples, args.model)
-        written.append(path)
-        print(f"{path}: {len(examples)} sequences of {adapter.layout.n_tokens} image tokens", flush=True)
-    return written
+    return make_shards(args.model, args.base, args.pairs, args.out, args.vqgan, args.resolution, args.shard_size,
+                       args.batch, args.device)  # fmt: skip
 
 
 if __name__ == "__main__":

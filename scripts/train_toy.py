@@ -1,6 +1,6 @@
 """Train the toy text-to-image model from a seed and write its safetensors checkpoint.
 
-    python scripts/train_toy.py                      # reproduces sjd/assets/toy (about 30 min, 2 cores)
+    python scripts/train_toy.py                      # reproduces sjd/assets/toy (time: its config.json)
     python scripts/train_toy.py --steps 20 --out /tmp/toy   # a smoke run
 
 Data are generated on the fly from (seed, step) by sjd.toy.scenes, so the run is a pure

@@ -1,6 +1,6 @@
 """Train the toy CLIP (sjd/eval/toy_clip.py): the toy model's CLIP score and FID feature network.
 
-    python scripts/train_toy_clip.py                       # reproduces sjd/assets/toy_clip (a few minutes)
+    python scripts/train_toy_clip.py                       # reproduces sjd/assets/toy_clip (time: its config.json)
     python scripts/train_toy_clip.py --steps 5 --out /tmp/clip   # a smoke run
 
 Captioned scenes come from sjd.toy.scenes with a data seed of their own (so neither the toy

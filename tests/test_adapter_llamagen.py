@@ -357,11 +357,15 @@ class TestLlamaGen(AdapterContract, DecodersOnAdapterContract, LoadsWeightsContr
         present = tmp_path / "present.pt"
         present.write_bytes(b"")
         gpt, vq, t5 = tmp_path / "t2i_XL.pt", tmp_path / "vq16.pt", tmp_path / "t5"
+        empty_t5 = tmp_path / "empty_t5"
+        empty_t5.mkdir()
         hub = "peizesun/llamagen_t2i/x.pt"
         offline_hub = r"'llamagen'.*peizesun/llamagen_t2i/x\.pt.*model\.adapter\.weights"
+        files = {"weights": str(present), "vq_weights": str(present)}
         return [
             MissingWeights({"weights": str(gpt)}, gpt, GPT_KEY),
             MissingWeights({"weights": str(present), "vq_weights": str(vq)}, vq, VQ_KEY),
-            MissingWeights({"weights": str(present), "vq_weights": str(present), "t5": str(t5)}, t5, T5_KEY),
+            MissingWeights({**files, "t5": str(t5)}, t5, T5_KEY),
+            MissingWeights({**files, "t5": str(empty_t5)}, empty_t5, T5_KEY, r"config\.json.*model\.adapter\.t5"),
             MissingWeights({"weights": hub}, hub, GPT_KEY, offline_hub),
         ]

@@ -1,11 +1,9 @@
-"""The SJD2 fine-tune recipe for real models (scripts/finetune_sjd2_hf.py) on tiny random Lumina-mGPT and
-Emu3 checkpoints: the shard format, the objective's noise plan (image codes only, never the prompt), and
-a 3-step run whose checkpoint loads through the noise-aware adapter and decodes."""
+"""The SJD2 fine-tune recipe for real models (`sjd.sjd2.finetune`, run by scripts/finetune_sjd2_hf.py) on
+tiny random Lumina-mGPT and Emu3 checkpoints: the shard format, the objective's noise plan (image codes
+only, never the prompt), and a 3-step run whose checkpoint loads through the noise-aware adapter and decodes."""
 
-import importlib.util
 import math
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,11 +14,11 @@ from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd2 import SJD2Decoder
 from sjd.sjd2.data import image_stream, prompt_row, read_shards, uncond_row, write_shard
 from sjd.sjd2.emu3 import Emu3SJD2Adapter
+from sjd.sjd2.finetune import FineTuneSettings, finetune, shard_paths
 from sjd.sjd2.lumina import LuminaSJD2Adapter
 from sjd.sjd2.objective import IGNORE, make_batch, noise_plan
 from sjd.types import Prompt
 
-ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS = ["a red fox", "two cats on a mat", "a bowl of fruit", "snow"]
 FAMILIES = {
     "lumina": (lumina_base, LuminaSJD2Adapter, 64),  # 2 x 2 grids = 4 x 4 codes
@@ -28,13 +26,6 @@ FAMILIES = {
 }
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("finetune_sjd2_hf", ROOT / "scripts" / "finetune_sjd2_hf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def synthetic_examples(adapter, seed: int = 0):
@@ -104,10 +95,9 @@ def test_batches_supervise_the_stream_and_noise_only_image_codes(base):
 def test_a_three_step_fine_tune_writes_a_checkpoint_that_loads_and_decodes(base, tmp_path):
     family, directory, shard, _ = base
     out = tmp_path / "ckpt"
-    args = ["--model", family, "--base", str(directory), "--data", str(shard), "--out", str(out)]
-    args += ["--resolution", str(FAMILIES[family][2]), "--steps", "3", "--batch-size", "2", "--grad-accum", "1"]
-    args += ["--lr", "1e-3", "--warmup", "1", "--max-segment", "8", "--cfg-dropout", "0.5", "--log-every", "100"]
-    meta = load_script().main(args)
+    settings = FineTuneSettings(resolution=FAMILIES[family][2], steps=3, batch_size=2, grad_accum=1, lr=1e-3,
+                                warmup=1, max_segment=8, cfg_dropout=0.5, log_every=100)  # fmt: skip
+    meta = finetune(family, str(directory), [str(shard)], out, settings)
     assert len(meta["train"]["losses"]) == 3 and all(math.isfinite(x) for x in meta["train"]["losses"])
 
     cls = FAMILIES[family][1]
@@ -130,4 +120,4 @@ def test_a_three_step_fine_tune_writes_a_checkpoint_that_loads_and_decodes(base,
 
 def test_the_recipe_refuses_missing_shards(tmp_path):
     with pytest.raises(FileNotFoundError, match="--data"):
-        load_script().shard_paths([str(tmp_path / "none.safetensors")])
+        shard_paths([str(tmp_path / "none.safetensors")])

@@ -1,7 +1,7 @@
-"""Image-caption pairs -> SJD2 training shards through the model's own VQ (scripts/make_sjd2_shards.py), on
-tiny random Lumina-mGPT (Chameleon VQGAN) and Emu3 (Emu3 VQ) checkpoints and two random images."""
+"""Image-caption pairs -> SJD2 training shards through the model's own VQ (`sjd.sjd2.encode.make_shards`, which
+scripts/make_sjd2_shards.py runs), on tiny random Lumina-mGPT (Chameleon VQGAN) and Emu3 (Emu3 VQ) checkpoints
+and two random images."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,20 +13,12 @@ from PIL import Image
 from test_sjd2_hf import emu3_base, lumina_base
 
 from sjd.sjd2.data import read_shards
-from sjd.sjd2.encode import load_pixels
+from sjd.sjd2.encode import load_pixels, make_shards, read_pairs
 from sjd.types import Prompt
 
-ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS = ["a red fox", "two cats"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def run_script(args):
-    spec = importlib.util.spec_from_file_location("make_sjd2_shards", ROOT / "scripts" / "make_sjd2_shards.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main(args)
 
 
 def write_pairs(folder: Path, size: int) -> Path:
@@ -66,8 +58,7 @@ def test_lumina_pairs_encode_through_the_chameleon_vqgan(tmp_path):
     vqgan = cham.tiny_vqgan()
     save_vqgan(tmp_path / "vqgan", vqgan)
     pairs = write_pairs(tmp_path, 8)
-    args = ["--model", "lumina", "--base", str(base), "--vqgan", str(tmp_path / "vqgan"), "--pairs", str(pairs)]
-    (shard,) = run_script(args + ["--out", str(tmp_path / "shards"), "--resolution", "64"])
+    (shard,) = make_shards("lumina", str(base), pairs, tmp_path / "shards", str(tmp_path / "vqgan"), resolution=64)
     pixels = torch.stack([load_pixels(tmp_path / f"{i}.png", 8) for i in range(2)])
     check_shard(shard, "lumina", adapter, list(vqgan.encode(pixels)))
 
@@ -78,8 +69,7 @@ def test_emu3_pairs_encode_through_the_checkpoints_vq(tmp_path):
     adapter.model.save_pretrained(base)
     tokenizer.save_pretrained(base)
     pairs = write_pairs(tmp_path, 8)
-    (shard,) = run_script(["--model", "emu3", "--base", str(base), "--pairs", str(pairs), "--out", str(tmp_path / "s"),
-                           "--resolution", "8"])  # fmt: skip
+    (shard,) = make_shards("emu3", str(base), pairs, tmp_path / "s", resolution=8)
     pixels = torch.stack([load_pixels(tmp_path / f"{i}.png", 8) for i in range(2)])
     vq = adapter.model.model.vqmodel
     with torch.no_grad():
@@ -93,3 +83,12 @@ def test_pixels_are_a_centre_crop_in_minus_one_to_one(tmp_path):
     Image.fromarray(image).save(tmp_path / "x.png")
     pixels = load_pixels(tmp_path / "x.png", 10)
     assert pixels.shape == (3, 10, 10) and torch.equal(pixels, torch.ones(3, 10, 10))
+
+
+def test_a_missing_image_is_named_with_its_file_and_line_and_lumina_needs_its_vqgan(tmp_path):
+    pairs = write_pairs(tmp_path, 8)
+    (tmp_path / "1.png").unlink()
+    with pytest.raises(FileNotFoundError, match=r"pairs\.jsonl:2: image .*1\.png not found"):
+        read_pairs(pairs)
+    with pytest.raises(ValueError, match="--vqgan"):
+        make_shards("lumina", str(tmp_path), pairs, tmp_path / "out")

@@ -42,3 +42,35 @@ def test_slower_bookkeeping_lowers_efficiency_not_forward_cost():
 def test_without_a_baseline_there_is_nothing_to_compare():
     rows = summarize(pd.DataFrame(samples("sjd", 2, 0.5, 0.3)), None, {"model": "toy"})
     assert math.isnan(rows.loc[0, "efficiency"]) and math.isnan(rows.loc[0, "forward_cost"])
+
+
+# The keys samples.jsonl has always had, in their order: resume, the merge and the tests read them by name.
+SAMPLE_KEYS = ["prompt_id", "prompt", "seed_index", "seed", "decoder", "n_tokens", "n_forward", "latency_s",
+               "prefill_s", "decode_s", "model_s", "stage_s", "image_decode_s", "batch_size", "peak_mem_mb",
+               "peak_mem_kind", "accepted", "entropy_nats", "tokens"]  # fmt: skip
+
+
+def test_a_sample_record_keeps_the_line_format_and_each_rows_share_of_the_decoders_extras(tmp_path):
+    import json
+
+    import torch
+
+    from sjd.decoders.base import DecodeResult
+    from sjd.harness.results import SampleRecord, SampleWriter
+    from sjd.types import Prompt
+
+    result = DecodeResult(
+        tokens=torch.tensor([[1, 2, 3], [4, 5, 6]]), n_forward=[3, 2], accepted=[[1, 1, 1], [1, 2]],
+        prefill_s=0.1, decode_s=0.2, model_s=0.25, stage_s={"forward": 0.15},
+        extras={"stage_laps": 7, "branch_commits": [0, 1], "per_row": torch.tensor([2.0, 3.0])},
+    )  # fmt: skip
+    writer = SampleWriter(tmp_path)
+    for row, prompt in enumerate([Prompt("a", "a cat"), Prompt("b", "a dog")]):
+        writer.write(SampleRecord.of_row(result, row, prompt, 1, 99 + row, "tree", float("nan"), (5.0, "process_rss")))
+    first, second = (json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines())
+    assert list(second) == [*SAMPLE_KEYS, "extras"]
+    assert second["tokens"] == [4, 5, 6] and second["n_forward"] == 2 and second["accepted"] == [1, 2]
+    assert second["n_tokens"] == 3 and second["batch_size"] == 2 and second["seed"] == 100
+    assert second["latency_s"] == pytest.approx(0.3) and second["entropy_nats"] is None
+    assert first["extras"] == {"stage_laps": 7, "branch_commits": 0, "per_row": 2.0}  # the batch's, then row 0's
+    assert second["extras"] == {"stage_laps": 7, "branch_commits": 1, "per_row": 3.0}

@@ -1,4 +1,4 @@
-"""Make torchvision importable on a CPU-only torch (ecosystem.md §1.3).
+"""Make torchvision importable on a CPU-only torch.
 
 PyPI's torchvision wheel pinned to torch 2.13.0 is a CUDA build. On the `+cpu` torch its C++ ops
 (`torchvision/_C.so`, linked against libtorch_cuda) never load, and torchvision then registers

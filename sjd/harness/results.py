@@ -12,14 +12,19 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 from PIL import Image, ImageDraw
 
+from sjd.decoders.base import DecodeResult
 from sjd.decoders.stages import STAGES
 from sjd.harness.intervals import summary_intervals
+from sjd.types import Prompt
 
 STAGE_COLUMNS = [f"{stage}_frac" for stage in STAGES]
 SUMMARY_COLUMNS = [
@@ -50,6 +55,85 @@ SUMMARY_COLUMNS = [
 MERGED = "samples.jsonl"
 
 
+@dataclass(frozen=True)
+class SampleRecord:
+    """One line of samples.jsonl: one decoder's sample of one prompt at one seed index, what it
+    cost, and the decoder's own extras (e.g. the tree decoder's `branch_commits`). The field order
+    is the line's key order. Times, the batch size and the peak memory are those of the batch the
+    sample was decoded in."""
+
+    prompt_id: str
+    prompt: str
+    seed_index: int
+    seed: int  # the prompt's generator seed, a hash of (run seed + seed index, prompt id)
+    decoder: str
+    n_tokens: int
+    n_forward: int
+    latency_s: float
+    prefill_s: float
+    decode_s: float
+    model_s: float
+    stage_s: dict[str, float]
+    image_decode_s: float  # per image; NaN when no image was decoded
+    batch_size: int
+    peak_mem_mb: float
+    peak_mem_kind: str
+    accepted: list[int]  # tokens committed by each forward
+    entropy_nats: float | None
+    tokens: list[int]
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of_row(
+        cls,
+        result: DecodeResult,
+        row: int,
+        prompt: Prompt,
+        seed_index: int,
+        seed: int,
+        decoder: str,
+        image_decode_s: float,
+        peak_mem: tuple[float, str],
+    ) -> SampleRecord:
+        """Row `row` of a batch's `result`."""
+        return cls(
+            prompt_id=prompt.prompt_id,
+            prompt=prompt.text,
+            seed_index=seed_index,
+            seed=seed,
+            decoder=decoder,
+            n_tokens=int(result.tokens.shape[1]),
+            n_forward=result.n_forward[row],
+            latency_s=result.latency_s,
+            prefill_s=result.prefill_s,
+            decode_s=result.decode_s,
+            model_s=result.model_s,
+            stage_s=result.stage_s,
+            image_decode_s=image_decode_s,
+            batch_size=len(result.tokens),
+            peak_mem_mb=peak_mem[0],
+            peak_mem_kind=peak_mem[1],
+            accepted=result.accepted[row],
+            entropy_nats=None if result.entropy_nats is None else result.entropy_nats[row],
+            tokens=result.tokens[row].tolist(),
+            extras=row_extras(result.extras, row, len(result.tokens)),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def row_extras(extras: dict[str, Any], row: int, batch: int) -> dict[str, Any]:
+    """One row's share of a batch's extras: a list (or tensor) with one entry per row gives that
+    row's entry; any other value describes the whole batch and is kept as it is."""
+    out = {}
+    for key, value in extras.items():
+        if isinstance(value, torch.Tensor):
+            value = value.tolist()
+        out[key] = value[row] if isinstance(value, list | tuple) and len(value) == batch else value
+    return out
+
+
 def shard_file(run_dir: Path, rank: int) -> Path:
     """Where rank `rank` of a torchrun run appends its samples."""
     return run_dir / f"samples.rank{rank}.jsonl"
@@ -69,8 +153,8 @@ class SampleWriter:
         self.images = run_dir / "images"
         self.images.mkdir(parents=True, exist_ok=True)
 
-    def write(self, record: dict) -> None:
-        line = json.dumps(record, separators=(",", ":")) + "\n"
+    def write(self, record: SampleRecord) -> None:
+        line = json.dumps(record.to_json(), separators=(",", ":")) + "\n"
         with self.path.open("a", encoding="utf-8") as f:
             f.write(line)
             f.flush()

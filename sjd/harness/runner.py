@@ -14,7 +14,11 @@ Order of work, so that bad input fails before anything expensive and nothing fin
    neither always runs first, save each sample's image and append the sample to samples.jsonl
    (under torchrun: to the rank's own samples.rank{r}.jsonl);
 9. (rank 0, after every rank is done) merge the samples into samples.jsonl in prompt order,
-   summarise from it, write summary.csv/json and grid.png, append to `results_csv`.
+   summarise from it (FID/CLIP and the in-run audit when asked), write summary.csv/json and
+   grid.png, append to `results_csv`.
+
+`run` does steps 1-3; each rank then runs `build` (4-6), `decode` (7-8), and rank 0 `summarise`
+and `publish` (9). Every sample line is a `SampleRecord` (sjd/harness/results.py).
 
 Data-parallel: `torchrun --nproc_per_node=N run.py ...` (gloo on the CPU, nccl with one GPU per rank).
 """
@@ -25,6 +29,7 @@ import hashlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -52,6 +57,8 @@ from sjd.harness.provenance import (
     versions,
 )
 from sjd.harness.results import (
+    SampleKey,
+    SampleRecord,
     SampleWriter,
     append_results_row,
     finished_samples,
@@ -128,7 +135,7 @@ def seeds_per_prompt(cfg: DictConfig) -> int:
 Sample = tuple[Prompt, int]  # a prompt and its seed index
 
 
-def resume_point(run_dir: Path, fingerprint: str) -> set[tuple[str, str, int]]:
+def resume_point(run_dir: Path, fingerprint: str) -> set[SampleKey]:
     """The (decoder, prompt, seed index) samples already finished in `run_dir` by a run of the same config.
     A run directory holding another config's samples is refused: mixing them would be wrong."""
     meta_file = run_dir / "meta.json"
@@ -184,6 +191,27 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame | None:
     return summary
 
 
+@dataclass
+class RankJob:
+    """What a rank decodes and rank 0 publishes, once the model is built: the run's config and
+    directory, the ranks, the model, the decoders, the prompts and the run's record (meta.json)."""
+
+    cfg: DictConfig
+    run_dir: Path
+    dp: DataParallel
+    adapter: ModelAdapter
+    decoders: list[Decoder]
+    baseline: str | None
+    prompt_set: PromptSet
+    meta: dict
+    samples: list[Sample]  # every (prompt, seed index) of the run, in order
+    done: set[SampleKey]  # the samples finished before this run started (resume)
+
+    @property
+    def decoder_names(self) -> list[str]:
+        return [d.name for d in self.decoders]
+
+
 def _run_rank(
     cfg: DictConfig,
     run_dir: Path,
@@ -194,12 +222,51 @@ def _run_rank(
     prompt_set: PromptSet,
     eval_cfg: dict | None,
 ) -> pd.DataFrame | None:
+    """One rank's run: build the model and resume point, decode this rank's share, then (rank 0
+    alone) summarise every rank's samples and publish the summary."""
+    job = build(cfg, run_dir, dp, decoders, baseline, prompt_set)
+    decode(job, sampling)
+    if not dp.info.is_main:
+        return None
+    summary, samples = summarise(job, sampling, eval_cfg)
+    publish(job, summary, samples)
+    return summary
+
+
+def build(
+    cfg: DictConfig,
+    run_dir: Path,
+    dp: DataParallel,
+    decoders: list[Decoder],
+    baseline: str | None,
+    prompt_set: PromptSet,
+) -> RankJob:
+    """The adapter (checked against every prompt and decoder), the run's record and, on rank 0,
+    the resume point and meta.json; every rank gets the same finished samples."""
     adapter: ModelAdapter = instantiate(cfg.model.adapter, device=dp.device)
     adapter.check_prompts(prompt_set.prompts)
     for d in decoders:
         d.check(adapter)
+    meta = run_meta(cfg, adapter, decoders, baseline, prompt_set, dp)
+    done = None
+    if dp.info.is_main:  # only rank 0 reads, repairs and writes the run directory before decoding
+        done = resume_point(run_dir, meta["config_fingerprint"])
+        (run_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    done = dp.broadcast(done)  # every rank deals the same unfinished prompts
+    samples = [(p, k) for p in prompt_set.prompts for k in range(seeds_per_prompt(cfg))]
+    return RankJob(cfg, run_dir, dp, adapter, decoders, baseline, prompt_set, meta, samples, done)
 
-    meta = {
+
+def run_meta(
+    cfg: DictConfig,
+    adapter: ModelAdapter,
+    decoders: list[Decoder],
+    baseline: str | None,
+    prompt_set: PromptSet,
+    dp: DataParallel,
+) -> dict:
+    """The run's record: meta.json, and the provenance columns of every summary row."""
+    return {
         "model": adapter.name,
         "prompt_set": prompt_set.name,
         "prompt_file_sha256": prompt_set.sha256,
@@ -217,40 +284,48 @@ def _run_rank(
         "versions": versions(),
         "experiment": cfg.get("experiment_name"),
         "command": run_command(),
+        "config_fingerprint": config_fingerprint(cfg),
     }
-    meta["config_fingerprint"] = config_fingerprint(cfg)
-    done = None
-    if dp.info.is_main:  # only rank 0 reads, repairs and writes the run directory before decoding
-        done = resume_point(run_dir, meta["config_fingerprint"])
-        (run_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
-    done = dp.broadcast(done)  # every rank deals the same unfinished prompts
 
-    every_sample = [(p, k) for p in prompt_set.prompts for k in range(seeds_per_prompt(cfg))]
-    todo = [(p, k) for p, k in every_sample if any((d.name, p.prompt_id, k) not in done for d in decoders)]
-    writer = SampleWriter(run_dir, shard_file(run_dir, dp.info.rank) if dp.info.distributed else None)
+
+def decode(job: RankJob, sampling: SamplingConfig) -> None:
+    """Decode this rank's share of the unfinished samples into its sample file, then wait for every rank."""
+    todo = [(p, k) for p, k in job.samples if any((d.name, p.prompt_id, k) not in job.done for d in job.decoders)]
+    info = job.dp.info
+    writer = SampleWriter(job.run_dir, shard_file(job.run_dir, info.rank) if info.distributed else None)
     before = contention.sample()
-    decode_prompts(cfg, adapter, decoders, sampling, shard(todo, dp.info), done, writer)
-    meta |= contention.assess(before, contention.sample(), dp.device)  # was the machine busy? (latency_reliable)
-    dp.barrier("every rank has decoded its prompts")
-    if not dp.info.is_main:
-        return None
-    (run_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    decode_prompts(job.cfg, job.adapter, job.decoders, sampling, shard(todo, info), job.done, writer)
+    job.meta |= contention.assess(before, contention.sample(), job.dp.device)  # was the machine busy?
+    job.dp.barrier("every rank has decoded its prompts")
+    if info.is_main:  # meta.json gains the machine's load over the decode (latency_reliable)
+        (job.run_dir / "meta.json").write_text(json.dumps(job.meta, indent=2, default=str))
 
-    merge_samples(run_dir, [d.name for d in decoders], [(p.prompt_id, k) for p, k in every_sample])
-    samples = read_samples(run_dir)
-    summary = summarize(samples, baseline, meta)
+
+def summarise(job: RankJob, sampling: SamplingConfig, eval_cfg: dict | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(summary, samples): every rank's samples merged into samples.jsonl, one summary row per
+    decoder, with FID/CLIP when the eval config asks for them and the in-run audit when `audit.n` is set."""
+    merge_samples(job.run_dir, job.decoder_names, [(p.prompt_id, k) for p, k in job.samples])
+    samples = read_samples(job.run_dir)
+    summary = summarize(samples, job.baseline, job.meta)
     if eval_cfg:
         from sjd.eval.quality import evaluate
 
-        quality = evaluate(eval_cfg, samples, adapter, resolve_path("outputs/cache"))
+        quality = evaluate(eval_cfg, samples, job.adapter, resolve_path("outputs/cache"))
         summary = summary.merge(quality, on="decoder", how="left")
-    if audit_caption(cfg):
-        summary = summary.merge(audit_decoders(cfg, adapter, decoders, sampling), on="decoder", how="left")
+    if audit_caption(job.cfg):
+        audit = audit_decoders(job.cfg, job.adapter, job.decoders, sampling)
+        summary = summary.merge(audit, on="decoder", how="left")
+    return summary, samples
+
+
+def publish(job: RankJob, summary: pd.DataFrame, samples: pd.DataFrame) -> None:
+    """summary.csv/json, accept_hist.png, grid.png, the results row, the logger's record, and the
+    table printed for the user."""
+    cfg, run_dir = job.cfg, job.run_dir
     write_summary(summary, run_dir)
     accept_histograms(summary, run_dir / "accept_hist.png")
     if cfg.save_images:
-        shown = [p.prompt_id for p in prompt_set.prompts[: cfg.grid_prompts]]
-        make_grid(run_dir, [d.name for d in decoders], shown)
+        make_grid(run_dir, job.decoder_names, [p.prompt_id for p in job.prompt_set.prompts[: cfg.grid_prompts]])
     if cfg.results_csv:
         append_results_row(summary, resolve_path(cfg.results_csv), run_dir)
     logger = instantiate(cfg.logger)
@@ -258,11 +333,11 @@ def _run_rank(
 
     shown = TABLE_COLUMNS + [c for c in ("fid", "clip", "audit_tv", "audit_p") if c in summary.columns]
     table = summary[shown].to_string(index=False, float_format=lambda x: f"{x:.3f}")
-    world = f", {dp.info.world_size} ranks" if dp.info.distributed else ""
-    print(f"\n{adapter.name} on {prompt_set.name} ({prompt_set.selection}{world}), run dir {run_dir}\n{table}")
-    if contention.warning(meta):
-        print(contention.warning(meta))
-    return summary
+    world = f", {job.dp.info.world_size} ranks" if job.dp.info.distributed else ""
+    where = f"{job.prompt_set.name} ({job.prompt_set.selection}{world})"
+    print(f"\n{job.adapter.name} on {where}, run dir {run_dir}\n{table}")
+    if contention.warning(job.meta):
+        print(contention.warning(job.meta))
 
 
 def decode_prompts(
@@ -271,7 +346,7 @@ def decode_prompts(
     decoders: list[Decoder],
     sampling: SamplingConfig,
     samples: list[Sample],
-    done: set[tuple[str, str, int]],
+    done: set[SampleKey],
     writer: SampleWriter,
 ) -> None:
     """Warm up, then decode `samples` (prompt, seed index) batch by batch with every decoder, skipping
@@ -290,49 +365,39 @@ def decode_prompts(
             # Resuming: only the prompts this decoder has not finished. A prompt's tokens do not
             # depend on its batch, so the resumed run ends with the same samples.
             group = [(p, k) for p, k in full_group if (d.name, p.prompt_id, k) not in done]
-            if not group:
-                continue
-            ids = [(p.prompt_id, k) for p, k in group]
-            reset_peak_memory(adapter.device)
-            try:
-                gens = sample_generators(cfg.seed, ids, adapter.device)
-                result = d.generate(adapter, [p for p, _ in group], sampling, gens)
-            except torch.cuda.OutOfMemoryError as e:
-                raise RuntimeError(
-                    f"out of GPU memory decoding prompts {ids} with decoder {d.name!r} (batch_size={cfg.batch_size}, "
-                    f"window={getattr(d, 'window', None)}). Finished samples are kept in {writer.path}; rerun the "
-                    f"same command with hydra.run.dir={writer.path.parent} and a smaller batch_size to resume."
-                ) from e
-            mem, mem_kind = peak_memory_mb(adapter.device)
-            t_images = time.perf_counter()
-            images = adapter.decode_images(result.tokens) if cfg.save_images else None
-            device_sync(adapter.device)
-            image_decode_s = (time.perf_counter() - t_images) / len(group) if cfg.save_images else float("nan")
-            for b, (prompt, k) in enumerate(group):
-                if images is not None:  # the image first: a sample on record always has its image
-                    writer.save_image(d.name, image_name(prompt.prompt_id, k), images[b])
-                writer.write(
-                    {
-                        "prompt_id": prompt.prompt_id,
-                        "prompt": prompt.text,
-                        "seed_index": k,
-                        "seed": prompt_seed(cfg.seed + k, prompt.prompt_id),
-                        "decoder": d.name,
-                        "n_tokens": adapter.layout.n_tokens,
-                        "n_forward": result.n_forward[b],
-                        "latency_s": result.latency_s,
-                        "prefill_s": result.prefill_s,
-                        "decode_s": result.decode_s,
-                        "model_s": result.model_s,
-                        "stage_s": result.stage_s,
-                        "image_decode_s": image_decode_s,
-                        "batch_size": len(group),
-                        "peak_mem_mb": mem,
-                        "peak_mem_kind": mem_kind,
-                        "accepted": result.accepted[b],
-                        "entropy_nats": None if result.entropy_nats is None else result.entropy_nats[b],
-                        "tokens": result.tokens[b].tolist(),
-                    }
-                )
-            progress.update(len(group))
+            if group:
+                decode_group(cfg, adapter, d, sampling, group, writer)
+                progress.update(len(group))
     progress.close()
+
+
+def decode_group(
+    cfg: DictConfig,
+    adapter: ModelAdapter,
+    decoder: Decoder,
+    sampling: SamplingConfig,
+    group: list[Sample],
+    writer: SampleWriter,
+) -> None:
+    """Decode one batch with one decoder; save each sample's image, then append its record."""
+    ids = [(p.prompt_id, k) for p, k in group]
+    reset_peak_memory(adapter.device)
+    try:
+        gens = sample_generators(cfg.seed, ids, adapter.device)
+        result = decoder.generate(adapter, [p for p, _ in group], sampling, gens)
+    except torch.cuda.OutOfMemoryError as e:
+        raise RuntimeError(
+            f"out of GPU memory decoding prompts {ids} with decoder {decoder.name!r} (batch_size={cfg.batch_size}, "
+            f"window={getattr(decoder, 'window', None)}). Finished samples are kept in {writer.path}; rerun the "
+            f"same command with hydra.run.dir={writer.path.parent} and a smaller batch_size to resume."
+        ) from e
+    peak_mem = peak_memory_mb(adapter.device)
+    t_images = time.perf_counter()
+    images = adapter.decode_images(result.tokens) if cfg.save_images else None
+    device_sync(adapter.device)
+    image_decode_s = (time.perf_counter() - t_images) / len(group) if cfg.save_images else float("nan")
+    for b, (prompt, k) in enumerate(group):
+        if images is not None:  # the image first: a sample on record always has its image
+            writer.save_image(decoder.name, image_name(prompt.prompt_id, k), images[b])
+        seed = prompt_seed(cfg.seed + k, prompt.prompt_id)
+        writer.write(SampleRecord.of_row(result, b, prompt, k, seed, decoder.name, image_decode_s, peak_mem))

@@ -24,15 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from sjd.models.chameleon import (
-    ChameleonAdapter,
-    ChameleonVocab,
-    TextEncoder,
-    as_encoder,
-    chameleon_layout,
-    tokenizer_bos,
-)
-from sjd.models.chameleon import load_chameleon as _load
+from sjd.models.chameleon import ChameleonAdapter, ChameleonVocab, as_encoder, chameleon_layout, tokenizer_bos
 from sjd.models.nets.chameleon_vqgan import ChameleonVQGAN
 from sjd.types import ImageLayout
 
@@ -49,6 +41,7 @@ class AnoleAdapter(ChameleonAdapter):
 
     title = "Anole"
     official_schedule = "anole"
+    grid_px = CODE_PX  # the grid is the code grid
 
     def __init__(
         self,
@@ -61,12 +54,7 @@ class AnoleAdapter(ChameleonAdapter):
         trust_remote_code: bool = False,
         prompt_template: str = QUESTION,
     ) -> None:
-        if resolution < CODE_PX or resolution % CODE_PX:
-            raise ValueError(f"model.adapter.resolution={resolution} must be a positive multiple of {CODE_PX}")
-        dev = torch.device(device)
-        model, encode, bos = _load(weights, name, self.title, dev, dtype, trust_remote_code)
-        side = resolution // CODE_PX
-        self._init(model, encode, side, side, self.vqgan_from(vqgan, name, dev), dev, name, prompt_template, bos)
+        super().__init__(weights, vqgan, name, device, resolution, dtype, trust_remote_code, prompt_template)
 
     @classmethod
     def from_model(
@@ -88,17 +76,5 @@ class AnoleAdapter(ChameleonAdapter):
         self._init(model, as_encoder(tokenizer), height, width, vqgan, torch.device(device), name, prompt_template, bos)
         return self
 
-    def _init(
-        self,
-        model: torch.nn.Module,
-        encode: TextEncoder,
-        height: int,
-        width: int,
-        vqgan: ChameleonVQGAN | None,
-        device: torch.device,
-        name: str,
-        prompt_template: str,
-        bos: int | None,
-    ) -> None:
-        vocab = ChameleonVocab.from_config(model.config, name, bos)
-        self._setup(model, encode, vocab, anole_layout(vocab, height, width), vqgan, device, name, prompt_template)
+    def image_layout(self, vocab: ChameleonVocab, height: int, width: int, name: str) -> ImageLayout:
+        return anole_layout(vocab, height, width)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,22 +43,18 @@ from transformers.modeling_outputs import CausalLMOutput
 
 from sjd.models.base import codebook_by_id
 from sjd.models.causal_lm import CausalLMAdapter
+from sjd.models.loading import WEIGHTS_KEY, TextEncoder, as_encoder, could_not_load, resolve_checkpoint, torch_dtype
 from sjd.models.nets.chameleon_vqgan import CONFIG_KEY as VQGAN_KEY
 from sjd.models.nets.chameleon_vqgan import ChameleonVQGAN, load_vqgan
 from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
 
-WEIGHTS_KEY = "model.adapter.weights"
 IMAGE_START = "<racm3:break>"
 IMAGE_END = "<eoss>"
 END_OF_TURN = "<reserved08706>"
 BOS_TOKEN = "<s>"  # the tokenizer's BOS, which the official prompts start with
 IMAGE_CODE = re.compile(r"^IMGIMG([A-J]+)Z$")  # code index spelled with A..J for the digits 0..9
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _QK_NORM = re.compile(r"self_attn\.(q_norm|k_norm)\.(weight|bias)$")
-
-TextEncoder = Callable[[str], Sequence[int]]
 
 
 @dataclass(frozen=True)
@@ -166,35 +162,6 @@ def state_dict_to_transformers(state: Mapping[str, torch.Tensor], config) -> dic
     return {k: qk_norm_to_transformers(k, v, config) if _QK_NORM.search(k) else v for k, v in state.items()}
 
 
-def resolve_checkpoint(weights: str | Path, name: str, title: str) -> tuple[str, bool]:
-    """(what from_pretrained gets, whether it is local): an existing directory, or a hub id that is
-    not a local path. Anything else is a missing checkpoint, reported with the path and the key."""
-    text = str(weights)
-    path = Path(text).expanduser()
-    fix = (
-        f"Set `{WEIGHTS_KEY}` to a directory holding the {title} checkpoint in transformers format "
-        "(config.json, *.safetensors, tokenizer files), or to a hub id while online."
-    )
-    if path.is_dir():
-        if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
-            raise FileNotFoundError(f"model {name!r} ({title}): {path} holds no config.json / *.safetensors. {fix}")
-        return str(path), True
-    looks_local = (
-        path.exists() or path.is_absolute() or text.startswith((".", "~")) or Path(text.split("/")[0]).is_dir()
-    )
-    if looks_local or not _HUB_ID.match(text):
-        raise FileNotFoundError(f"model {name!r} ({title}): weights directory {path.absolute()} not found. {fix}")
-    return text, False
-
-
-def torch_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
-    if dtype in (None, "auto"):
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"model.adapter.dtype must be auto or one of {sorted(_DTYPES)}, got {dtype!r}")
-    return _DTYPES[dtype]
-
-
 def _safetensors_files(source: str, local: bool) -> dict[str, str]:
     """tensor name -> local safetensors file, for a single-file or a sharded checkpoint."""
     from transformers.utils import cached_file
@@ -258,10 +225,7 @@ def load_chameleon(
         tokenizer = AutoTokenizer.from_pretrained(source, **load)
         _restore_qk_norms(model, info["mismatched_keys"], source, local, name)
     except OSError as err:  # a hub id not cached while offline, or an incomplete directory
-        raise FileNotFoundError(
-            f"model {name!r} ({title}): could not load {source!r} ({err}). Set `{WEIGHTS_KEY}` to a local "
-            "checkpoint directory in transformers format, or to a hub id while online."
-        ) from err
+        raise could_not_load(err, name, title, source) from err
     # Generation never reads the VQ encoder that transformers' class carries; anything else missing is fatal.
     missing = sorted(k for k in info["missing_keys"] if not k.startswith("model.vqmodel."))
     if missing:
@@ -286,24 +250,61 @@ def tokenizer_bos(tokenizer, config, name: str) -> int:
     return int(vmap[BOS_TOKEN])
 
 
-def as_encoder(tokenizer) -> TextEncoder:
-    """A transformers tokenizer (no special tokens added) or any callable str -> ids."""
-    if hasattr(tokenizer, "encode"):
-        return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
-    if callable(tokenizer):
-        return tokenizer
-    raise TypeError(f"need a tokenizer or a callable str -> ids, got {type(tokenizer).__name__}")
-
-
 # -- the adapter ----------------------------------------------------------------------------------
 class ChameleonAdapter(CausalLMAdapter):
-    """Protocol plumbing for Chameleon text-to-image models; subclasses choose the question text and
-    the layout (`_setup` receives it) and name the model (`title`)."""
+    """Protocol plumbing for Chameleon text-to-image models. A model is this class plus its constants
+    (`title`, `grid_px`, its question template and defaults) and its layout: `image_layout`, the hook
+    that lays out a `height` x `width` image given in units of `grid_px` pixels. A subclass restates
+    `__init__` only for its defaults: the config check and Hydra read each class's own signature."""
 
     title = "Chameleon"
+    grid_px: int  # pixels per unit of the image grid `image_layout` takes
     capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
     vocab: ChameleonVocab
     vqgan: ChameleonVQGAN | None
+    grid: tuple[int, int]  # (height, width) of the image in units of `grid_px`
+
+    def __init__(
+        self,
+        weights: str,
+        vqgan: str | None,
+        name: str,
+        device: str,
+        resolution: int,
+        dtype: str | None,
+        trust_remote_code: bool,
+        prompt_template: str,
+    ) -> None:
+        """Load the checkpoint `weights` for square images of `resolution` pixels."""
+        if resolution < self.grid_px or resolution % self.grid_px:
+            raise ValueError(f"model.adapter.resolution={resolution} must be a positive multiple of {self.grid_px}")
+        dev = torch.device(device)
+        model, encode, bos = load_chameleon(weights, name, self.title, dev, dtype, trust_remote_code)
+        side = resolution // self.grid_px
+        self._init(model, encode, side, side, self.vqgan_from(vqgan, name, dev), dev, name, prompt_template, bos)
+
+    def _init(
+        self,
+        model: torch.nn.Module,
+        encode: TextEncoder,
+        height: int,
+        width: int,
+        vqgan: ChameleonVQGAN | None,
+        device: torch.device,
+        name: str,
+        prompt_template: str,
+        bos: int | None,
+    ) -> None:
+        """Set up around a built model, for a `height` x `width` image in units of `grid_px`; `bos`:
+        the tokenizer's BOS id, which the official prompts use (None: the config's)."""
+        vocab = ChameleonVocab.from_config(model.config, name, bos)
+        self.grid = (height, width)
+        layout = self.image_layout(vocab, height, width, name)
+        self._setup(model, encode, vocab, layout, vqgan, device, name, prompt_template)
+
+    def image_layout(self, vocab: ChameleonVocab, height: int, width: int, name: str) -> ImageLayout:
+        """The layout hook: the generated stream of a `height` x `width` image (units of `grid_px`)."""
+        raise NotImplementedError(f"{type(self).__name__} lays out no image")
 
     def code_embeddings(self) -> torch.Tensor:
         """The VQGAN codebook entry of every image code, at its vocabulary id (GSD, LANTERN-style)."""
@@ -343,7 +344,7 @@ class ChameleonAdapter(CausalLMAdapter):
         """The VQGAN in directory `vqgan`; None (with a warning) when the config leaves it null."""
         if vqgan is None:
             warnings.warn(
-                f"model {name!r}: `{VQGAN_KEY}` is null, so generated tokens cannot be decoded to images", stacklevel=3
+                f"model {name!r}: `{VQGAN_KEY}` is null, so generated tokens cannot be decoded to images", stacklevel=4
             )
             return None
         return load_vqgan(vqgan, device=device)

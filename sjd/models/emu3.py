@@ -34,15 +34,15 @@ same arg-max.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from sjd.models.base import codebook_by_id
 from sjd.models.causal_lm import CausalLMAdapter
+from sjd.models.loading import WEIGHTS_KEY, TextEncoder, as_encoder, could_not_load, resolve_checkpoint, torch_dtype
 from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
 
 # Official Emu3 sampling prompts (baaivision/Emu3 README / image_generation.py; SJD's test_emu3.py).
@@ -52,6 +52,8 @@ NEGATIVE_PROMPT = (
     "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, blurry."
 )
 
+TITLE = "Emu3-Gen"
+
 # Token names in Emu3's vocabulary (config.vocabulary_map).
 IMAGE_START = "<|image start|>"
 IMAGE_WRAPPER = "<|image token|>"  # closes the image prefix; the codes follow it
@@ -59,10 +61,6 @@ IMAGE_END = "<|image end|>"
 END_OF_LINE = "<|extra_200|>"
 END_OF_FRAME = "<|extra_201|>"
 VISUAL_TOKEN = re.compile(r"^<\|visual token (\d{6})\|>$")
-
-CONFIG_KEY = "model.adapter.weights"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -127,45 +125,6 @@ def emu3_layout(vocab: Emu3Vocab, height: int, width: int) -> ImageLayout:
     )
 
 
-TextEncoder = Callable[[str], list[int]]
-
-
-def _as_encoder(tokenizer) -> TextEncoder:
-    """A transformers tokenizer (special tokens not added) or any callable str -> ids."""
-    if hasattr(tokenizer, "encode"):
-        return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
-    if callable(tokenizer):
-        return tokenizer
-    raise TypeError(f"Emu3Adapter needs a tokenizer or a callable str -> ids, got {type(tokenizer).__name__}")
-
-
-def resolve_weights(weights: str, name: str) -> tuple[str, bool]:
-    """(source, is_local): a checkpoint directory, or a hub id. A path that does not exist, or a
-    directory without a transformers checkpoint, raises FileNotFoundError naming the path and the
-    config key."""
-    path = Path(weights).expanduser()
-    fix = (
-        f"Set `{CONFIG_KEY}` to a directory holding the Emu3-Gen checkpoint in transformers format "
-        "(config.json, *.safetensors and the tokenizer files, e.g. a snapshot of BAAI/Emu3-Gen-hf), "
-        "or to a hub id when online."
-    )
-    if path.is_dir():
-        if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
-            raise FileNotFoundError(f"model {name!r} (Emu3-Gen): {path} holds no config.json / *.safetensors. {fix}")
-        return str(path), True
-    if path.exists() or path.is_absolute() or weights.startswith((".", "~")) or not _HUB_ID.match(weights):
-        raise FileNotFoundError(f"model {name!r} (Emu3-Gen): weights directory {path} not found. {fix}")
-    return weights, False
-
-
-def _torch_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"model.adapter.dtype must be auto or one of {sorted(_DTYPES)}, got {dtype!r}")
-    return _DTYPES[dtype]
-
-
 class Emu3Adapter(CausalLMAdapter):
     """Emu3-Gen: text prompt + image-size prefix in, h x (w + EOL) codes + EOF, EOI, EOS out."""
 
@@ -187,9 +146,9 @@ class Emu3Adapter(CausalLMAdapter):
         negative_prompt: str = NEGATIVE_PROMPT,
         positive_suffix: str = POSITIVE_SUFFIX,
     ) -> None:
-        source, local = resolve_weights(str(weights), name)
+        source, local = resolve_checkpoint(weights, name, TITLE, hub_example="BAAI/Emu3-Gen-hf")
         dev = torch.device(device)
-        torch_dtype = _torch_dtype(dtype, dev)
+        weights_dtype = torch_dtype(dtype, dev)
         from transformers import AutoConfig, AutoTokenizer, Emu3Config, Emu3ForConditionalGeneration
 
         load = {"local_files_only": local, "trust_remote_code": bool(trust_remote_code)}
@@ -198,21 +157,18 @@ class Emu3Adapter(CausalLMAdapter):
             if not isinstance(config, Emu3Config):
                 raise ValueError(
                     f"model {name!r}: {source!r} is a {type(config).__name__} checkpoint, not transformers' Emu3 "
-                    f"format; set `{CONFIG_KEY}` to the converted checkpoint (e.g. BAAI/Emu3-Gen-hf)"
+                    f"format; set `{WEIGHTS_KEY}` to the converted checkpoint (e.g. BAAI/Emu3-Gen-hf)"
                 )
             factor = 2 ** (len(config.vq_config.channel_multiplier) - 1)  # the VQ's spatial downsampling
             if resolution < factor or resolution % factor:
                 raise ValueError(f"model.adapter.resolution={resolution} must be a multiple of the VQ factor {factor}")
             model = Emu3ForConditionalGeneration.from_pretrained(
-                source, config=config, dtype=torch_dtype, use_safetensors=True, **load
+                source, config=config, dtype=weights_dtype, use_safetensors=True, **load
             )
             tokenizer = AutoTokenizer.from_pretrained(source, **load)
-        except OSError as e:
-            raise FileNotFoundError(
-                f"model {name!r} (Emu3-Gen): could not load {source!r} ({e}). Set `{CONFIG_KEY}` to a local "
-                "checkpoint directory in transformers format, or to a hub id when online."
-            ) from e
-        self._setup(model, _as_encoder(tokenizer), resolution // factor, resolution // factor, dev, name)
+        except OSError as err:  # a hub id not cached while offline, or an incomplete directory
+            raise could_not_load(err, name, TITLE, source) from err
+        self._setup(model, as_encoder(tokenizer), resolution // factor, resolution // factor, dev, name)
         self.negative_prompt, self.positive_suffix = negative_prompt, positive_suffix
 
     @classmethod
@@ -230,7 +186,7 @@ class Emu3Adapter(CausalLMAdapter):
         """Wrap an already built `Emu3ForConditionalGeneration` (e.g. a tiny random one) with a
         tokenizer or a callable str -> ids, for an `height` x `width` code grid."""
         self = cls.__new__(cls)
-        self._setup(model, _as_encoder(tokenizer), height, width, torch.device(device), name)
+        self._setup(model, as_encoder(tokenizer), height, width, torch.device(device), name)
         self.negative_prompt, self.positive_suffix = negative_prompt, positive_suffix
         return self
 

@@ -29,9 +29,7 @@ which are attended.)
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,14 +39,14 @@ from transformers.modeling_outputs import CausalLMOutput
 from sjd.models.base import codebook_by_id
 from sjd.models.cache import RaggedCache
 from sjd.models.causal_lm import CausalLMAdapter
+from sjd.models.loading import CHECKPOINT_FILES, could_not_load, resolve_checkpoint, torch_dtype
 from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Logits, Prompt
 
 if TYPE_CHECKING:
     from transformers import JanusProcessor, PreTrainedTokenizerBase
 
-CONFIG_KEY = "model.adapter.weights"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+TITLE = "Janus-Pro"
+HUB_EXAMPLE = "deepseek-community/Janus-Pro-7B"
 
 Encoder = Callable[[str], Sequence[int]]
 
@@ -64,24 +62,6 @@ def processor_encoder(processor: JanusProcessor) -> Encoder:
         return processor(text=chat, generation_mode="image", return_tensors="pt")["input_ids"][0].tolist()
 
     return encode
-
-
-def resolve_weights(weights: str | Path, name: str) -> tuple[str, bool]:
-    """(what to pass to from_pretrained, whether it is a local directory). A local directory is
-    used as is; anything that looks like `owner/repo` and is not a local path is a hub id; the
-    rest is a missing local checkpoint, reported with the path and the config key."""
-    path = Path(weights).expanduser()
-    if path.is_dir():
-        return str(path), True
-    text = str(weights)
-    first = Path(text.split("/")[0])
-    if _HUB_ID.match(text) and not path.exists() and not first.is_dir():
-        return text, False
-    raise FileNotFoundError(
-        f"model {name!r}: no Janus checkpoint directory at {path.absolute()}. Set `{CONFIG_KEY}` to a local "
-        "directory holding a transformers Janus checkpoint (config.json, *.safetensors, tokenizer and processor "
-        "files) or to a hub id such as deepseek-community/Janus-Pro-7B."
-    )
 
 
 def special_ids(
@@ -106,14 +86,6 @@ def special_ids(
             "the tokenizer)"
         )
     return int(bos), int(pad), int(boi)
-
-
-def _dtype(dtype: str | None, device: torch.device) -> torch.dtype:
-    if dtype in (None, "auto"):
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"model.adapter.dtype must be one of {sorted(_DTYPES)} or null, got {dtype!r}")
-    return _DTYPES[dtype]
 
 
 class JanusAdapter(CausalLMAdapter):
@@ -141,7 +113,10 @@ class JanusAdapter(CausalLMAdapter):
         from transformers.utils import is_accelerate_available
 
         dev = torch.device(device)
-        source, local = resolve_weights(weights, name)
+        source, local = resolve_checkpoint(
+            weights, name, TITLE, contents=f"{CHECKPOINT_FILES}, processor files", hub_example=HUB_EXAMPLE
+        )
+        weights_dtype = torch_dtype(dtype, dev)
         kwargs = {"local_files_only": local, "trust_remote_code": trust_remote_code}
         try:
             processor = JanusProcessor.from_pretrained(source, **kwargs)
@@ -149,14 +124,10 @@ class JanusAdapter(CausalLMAdapter):
             if is_accelerate_available():  # straight onto the device; without accelerate: CPU, then moved
                 extra["device_map"] = str(dev)
             model = JanusForConditionalGeneration.from_pretrained(
-                source, dtype=_dtype(dtype, dev), use_safetensors=True, **kwargs, **extra
+                source, dtype=weights_dtype, use_safetensors=True, **kwargs, **extra
             )
         except OSError as err:  # hub id not cached while offline, or an incomplete directory
-            where = f"directory {source}" if local else f"hub id {source!r}"
-            raise FileNotFoundError(
-                f"model {name!r}: could not load a Janus checkpoint from {where} ({err}). Set `{CONFIG_KEY}` to a "
-                "local directory holding the checkpoint, or to a hub id while online."
-            ) from err
+            raise could_not_load(err, name, TITLE, source) from err
         self._setup(model, processor_encoder(processor), name, dev, resolution, processor.tokenizer)
 
     @classmethod

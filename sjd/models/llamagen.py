@@ -40,14 +40,13 @@ import torch
 from sjd.models.base import ModelAdapter, codebook_by_id
 from sjd.models.cache import RaggedCache
 from sjd.models.causal_lm import RaggedRows
+from sjd.models.loading import could_not_load, resolve_checkpoint, torch_dtype
 from sjd.models.nets.llamagen_gpt import LlamaGenConfig, LlamaGenGPT, load_gpt
 from sjd.models.nets.llamagen_vq import downsample_factor, load_vq, vq_config
 from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Logits, Prompt
 
 GPT_KEY, VQ_KEY, T5_KEY = "model.adapter.weights", "model.adapter.vq_weights", "model.adapter.t5"
-_HUB_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HUB_FILE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+/[\w.-]+$")
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def resolve_file(value: str | Path, name: str, key: str, what: str) -> str:
@@ -71,29 +70,6 @@ def resolve_file(value: str | Path, name: str, key: str, what: str) -> str:
             f"model {name!r}: could not get the {what} {text!r} from the hub ({type(err).__name__}: {err}), "
             f"and there is no local file {path.absolute()}. {fix}"
         ) from err
-
-
-def resolve_t5(value: str | Path, name: str) -> tuple[str, bool]:
-    """(what to pass to from_pretrained, whether it is a local directory): a directory, or a hub id."""
-    path = Path(value).expanduser()
-    if path.is_dir():
-        return str(path), True
-    text = str(value)
-    if _HUB_REPO.match(text) and not path.exists() and not Path(text.split("/")[0]).is_dir():
-        return text, False
-    raise FileNotFoundError(
-        f"model {name!r}: no T5 encoder directory at {path.absolute()}. Set `{T5_KEY}` to a local directory "
-        "holding flan-t5-xl in transformers format (config.json, weights, tokenizer files) or to the hub id "
-        "google/flan-t5-xl."
-    )
-
-
-def _torch_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
-    if dtype in (None, "auto"):
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"model.adapter.dtype must be auto or one of {sorted(_DTYPES)}, got {dtype!r}")
-    return _DTYPES[dtype]
 
 
 def left_pad(features: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,10 +110,10 @@ class LlamaGenAdapter(RaggedRows, ModelAdapter):
         from transformers import AutoTokenizer, T5EncoderModel
 
         dev = torch.device(device)
-        torch_dtype = _torch_dtype(dtype, dev)
+        weights_dtype = torch_dtype(dtype, dev)
         gpt_path = resolve_file(weights, name, GPT_KEY, "LlamaGen GPT checkpoint")
         vq_path = resolve_file(vq_weights, name, VQ_KEY, "VQ tokenizer checkpoint")
-        t5_source, local = resolve_t5(t5, name)
+        t5_source, local = resolve_checkpoint(t5, name, "T5 encoder", T5_KEY, hub_example="google/flan-t5-xl")
         factor = downsample_factor(vq_config(vq_model, 1))
         if resolution < factor or resolution % factor:
             raise ValueError(f"model.adapter.resolution={resolution} must be a multiple of the VQ factor {factor}")
@@ -147,14 +123,11 @@ class LlamaGenAdapter(RaggedRows, ModelAdapter):
         try:
             tokenizer = AutoTokenizer.from_pretrained(t5_source, local_files_only=local)
             encoder = T5EncoderModel.from_pretrained(
-                t5_source, local_files_only=local, dtype=torch_dtype, use_safetensors=True
+                t5_source, local_files_only=local, dtype=weights_dtype, use_safetensors=True
             )
         except OSError as err:  # hub id not cached while offline, or an incomplete directory
-            raise FileNotFoundError(
-                f"model {name!r}: could not load the T5 encoder from {t5_source!r} ({err}). Set `{T5_KEY}` to a "
-                "local directory holding it (safetensors weights and tokenizer files), or to a hub id while online."
-            ) from err
-        self._setup(gpt.to(dev, torch_dtype), tokenizer, encoder, vq, name, dev)
+            raise could_not_load(err, name, "T5 encoder", t5_source, T5_KEY) from err
+        self._setup(gpt.to(dev, weights_dtype), tokenizer, encoder, vq, name, dev)
 
     @classmethod
     def from_parts(

@@ -32,15 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from sjd.models.chameleon import (
-    ChameleonAdapter,
-    ChameleonVocab,
-    TextEncoder,
-    as_encoder,
-    chameleon_layout,
-    tokenizer_bos,
-)
-from sjd.models.chameleon import load_chameleon as _load
+from sjd.models.chameleon import ChameleonAdapter, ChameleonVocab, as_encoder, chameleon_layout, tokenizer_bos
 from sjd.models.nets.chameleon_vqgan import ChameleonVQGAN
 from sjd.types import ImageLayout
 
@@ -64,6 +56,7 @@ class LuminaAdapter(ChameleonAdapter):
 
     title = "Lumina-mGPT"
     official_schedule = "lumina"
+    grid_px = GRID_PX  # the grid is the size tokens' (2 x 2 codes a unit)
 
     def __init__(
         self,
@@ -76,12 +69,7 @@ class LuminaAdapter(ChameleonAdapter):
         trust_remote_code: bool = False,
         prompt_template: str = QUESTION,
     ) -> None:
-        if resolution < GRID_PX or resolution % GRID_PX:
-            raise ValueError(f"model.adapter.resolution={resolution} must be a positive multiple of {GRID_PX}")
-        dev = torch.device(device)
-        model, encode, bos = _load(weights, name, self.title, dev, dtype, trust_remote_code)
-        grids = resolution // GRID_PX
-        self._init(model, encode, grids, grids, self.vqgan_from(vqgan, name, dev), dev, name, prompt_template, bos)
+        super().__init__(weights, vqgan, name, device, resolution, dtype, trust_remote_code, prompt_template)
 
     @classmethod
     def from_model(
@@ -103,22 +91,9 @@ class LuminaAdapter(ChameleonAdapter):
         self._init(model, as_encoder(tokenizer), h_grids, w_grids, vqgan, dev, name, prompt_template, bos)
         return self
 
-    def _init(
-        self,
-        model: torch.nn.Module,
-        encode: TextEncoder,
-        h_grids: int,
-        w_grids: int,
-        vqgan: ChameleonVQGAN | None,
-        device: torch.device,
-        name: str,
-        prompt_template: str,
-        bos: int | None,
-    ) -> None:
-        vocab = ChameleonVocab.from_config(model.config, name, bos)
-        self.h_grids, self.w_grids = h_grids, w_grids
-        layout = lumina_layout(vocab, h_grids, w_grids, name)
-        self._setup(model, encode, vocab, layout, vqgan, device, name, prompt_template)
+    def image_layout(self, vocab: ChameleonVocab, height: int, width: int, name: str) -> ImageLayout:
+        return lumina_layout(vocab, height, width, name)
 
     def question(self, text: str) -> str:
-        return self.prompt_template.format(text=text, width=self.w_grids * GRID_PX, height=self.h_grids * GRID_PX)
+        h_grids, w_grids = self.grid
+        return self.prompt_template.format(text=text, width=w_grids * GRID_PX, height=h_grids * GRID_PX)

@@ -9,7 +9,8 @@ every model call goes through the noise-aware input path.
 
 from __future__ import annotations
 
-from sjd.models.emu3 import CONFIG_KEY, NEGATIVE_PROMPT, POSITIVE_SUFFIX, Emu3Adapter
+from sjd.models.emu3 import NEGATIVE_PROMPT, POSITIVE_SUFFIX, Emu3Adapter
+from sjd.models.loading import WEIGHTS_KEY
 from sjd.sjd2.inputs import NoiseAwareInputs, open_checkpoint
 from sjd.types import EMBEDS
 
@@ -31,7 +32,7 @@ class Emu3SJD2Adapter(NoiseAwareInputs, Emu3Adapter):
         negative_prompt: str = NEGATIVE_PROMPT,
         positive_suffix: str = POSITIVE_SUFFIX,
     ) -> None:
-        directory, self.noise_path, self.noise_meta = open_checkpoint(weights, name, FAMILY, CONFIG_KEY)
+        directory, self.noise_path, self.noise_meta = open_checkpoint(weights, name, FAMILY, WEIGHTS_KEY)
         super().__init__(
             str(directory), device, name, resolution, dtype, trust_remote_code, negative_prompt, positive_suffix
         )

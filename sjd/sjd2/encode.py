@@ -1,4 +1,4 @@
-"""Image-caption pairs -> SJD2 training examples through a model's own VQ encoder (scripts/make_sjd2_shards.py).
+"""Image-caption pairs -> SJD2 training shards through a model's own VQ encoder (scripts/make_sjd2_shards.py).
 
 Tokenising needs the adapter's prompt rows and layout, not its 7B weights: `tokenizing_adapter`
 builds the adapter around a model on the `meta` device (config, vocabulary and tokenizer only),
@@ -10,6 +10,7 @@ layout expects, scaled to [-1, 1], and encoded to the code grid the model genera
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,9 @@ import numpy as np
 import torch
 
 from sjd.models.base import ModelAdapter
-from sjd.sjd2.data import image_stream, prompt_row
+from sjd.sjd2.data import image_stream, prompt_row, write_shard
+
+DEFAULT_RESOLUTION = {"lumina": 768, "emu3": 720}  # pixels: the released models' own
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ def tokenizing_adapter(family: str, base: str, resolution: int) -> ModelAdapter:
         cls = ChameleonForConditionalGeneration if family == "lumina" else Emu3ForConditionalGeneration
         model = cls(config)
     if family == "lumina":
-        from sjd.models.chameleon import as_encoder
+        from sjd.models.loading import as_encoder
         from sjd.models.lumina import GRID_PX, QUESTION, LuminaAdapter
 
         adapter = LuminaAdapter.__new__(LuminaAdapter)
@@ -117,3 +120,49 @@ def encode_pairs(
         for (_, caption), grid in zip(part, codes):
             examples.append((prompt_row(adapter, caption), image_stream(layout, code_ids, grid)))
     return examples
+
+
+def read_pairs(path: Path) -> list[tuple[Path, str]]:
+    """(image, caption) of every JSON line {"image": <path, relative to the file's folder or absolute>,
+    "caption": <text>}; a missing image is named with its file and line."""
+    pairs = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        image = Path(item["image"])
+        image = image if image.is_absolute() else path.parent / image
+        if not image.is_file():
+            raise FileNotFoundError(f"{path}:{n}: image {image} not found")
+        pairs.append((image, str(item["caption"])))
+    return pairs
+
+
+def make_shards(
+    family: str,
+    base: str,
+    pairs_file: Path,
+    out: Path,
+    vqgan: str | None = None,
+    resolution: int | None = None,
+    shard_size: int = 1024,
+    batch: int = 8,
+    device: str = "cpu",
+) -> list[Path]:
+    """Encode the pairs of `pairs_file` for `family` (checkpoint `base`; Lumina-mGPT also needs the
+    Chameleon `vqgan` directory) into `out`/shard-00000.safetensors, ... of `shard_size` sequences each."""
+    if family not in DEFAULT_RESOLUTION:
+        raise ValueError(f"unknown model family {family!r}; expected one of {sorted(DEFAULT_RESOLUTION)}")
+    if family == "lumina" and not vqgan:
+        raise ValueError("--model lumina needs --vqgan (Chameleon's image tokenizer directory)")
+    adapter = tokenizing_adapter(family, base, resolution or DEFAULT_RESOLUTION[family])
+    encoder = chameleon_encoder(vqgan, device) if family == "lumina" else emu3_encoder(base, device)
+    pairs = read_pairs(pairs_file)
+    written = []
+    for k, first in enumerate(range(0, len(pairs), shard_size)):
+        examples = encode_pairs(adapter, encoder, pairs[first : first + shard_size], batch)
+        path = out / f"shard-{k:05d}.safetensors"
+        write_shard(path, examples, family)
+        written.append(path)
+        print(f"{path}: {len(examples)} sequences of {adapter.layout.n_tokens} image tokens", flush=True)
+    return written

@@ -9,7 +9,7 @@ Lumina's (sjd/models/lumina.py); every model call goes through the noise-aware i
 
 from __future__ import annotations
 
-from sjd.models.chameleon import WEIGHTS_KEY
+from sjd.models.loading import WEIGHTS_KEY
 from sjd.models.lumina import QUESTION, LuminaAdapter
 from sjd.sjd2.inputs import NoiseAwareInputs, open_checkpoint
 from sjd.types import EMBEDS

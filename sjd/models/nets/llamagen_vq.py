@@ -1,8 +1,8 @@
 """LlamaGen's VQ-16 image tokenizer, decoded through transformers' `JanusVQVAE`.
 
 The two are the same network (taming-style encoder/decoder, 16384 x 8 L2-normalised codebook, z 256, ch 128,
-ch_mult [1, 1, 2, 2, 4], 2 res blocks, GroupNorm 32): decoding the same codes gives identical pixels
-(ecosystem.md §3). Only the module names differ, so the released `vq_ds16_t2i.pt` loads after a key rename:
+ch_mult [1, 1, 2, 2, 4], 2 res blocks, GroupNorm 32): decoding the same codes gives identical pixels.
+Only the module names differ, so the released `vq_ds16_t2i.pt` loads after a key rename:
 
     LlamaGen                                     Janus
     {encoder,decoder}.conv_blocks.i.res.j        encoder.down.i.block.j / decoder.up.i.block.j
