@@ -34,7 +34,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from sjd.audit.in_run import audit_caption, audit_decoders
+from sjd.audit.in_run import audit_caption, audit_decoders, teacher_forced_batch, with_teacher_forced_audit
 from sjd.core.sampling import SamplingConfig
 from sjd.decoders.base import Decoder, device_sync
 from sjd.harness.config_check import check_run_config
@@ -164,6 +164,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame | None:
     run_dir.mkdir(parents=True, exist_ok=True)
     seeds_per_prompt(cfg)
     audit_caption(cfg)
+    teacher_forced_batch(cfg)
     sampling = SamplingConfig(**OmegaConf.to_container(cfg.model.sampling))
     decoders, baseline = build_decoders(cfg)
     prompt_set = load_prompt_set(**OmegaConf.to_container(cfg.prompts))
@@ -242,6 +243,7 @@ def _run_rank(
         summary = summary.merge(quality, on="decoder", how="left")
     if audit_caption(cfg):
         summary = summary.merge(audit_decoders(cfg, adapter, decoders, sampling), on="decoder", how="left")
+    summary = with_teacher_forced_audit(cfg, summary, samples, adapter, decoders, sampling)
     write_summary(summary, run_dir)
     accept_histograms(summary, run_dir / "accept_hist.png")
     if cfg.save_images:
@@ -252,7 +254,7 @@ def _run_rank(
     logger = instantiate(cfg.logger)
     logger.log_run(run_dir, summary, samples, OmegaConf.to_container(cfg, resolve=True))
 
-    shown = TABLE_COLUMNS + [c for c in ("fid", "clip", "audit_tv", "audit_p") if c in summary.columns]
+    shown = TABLE_COLUMNS + [c for c in ("fid", "clip", "audit_tv", "audit_p", "tf_p") if c in summary.columns]
     table = summary[shown].to_string(index=False, float_format=lambda x: f"{x:.3f}")
     world = f", {dp.info.world_size} ranks" if dp.info.distributed else ""
     print(f"\n{adapter.name} on {prompt_set.name} ({prompt_set.selection}{world}), run dir {run_dir}\n{table}")
