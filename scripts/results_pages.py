@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
+from sjd.audit import controls_page
 from sjd.harness import plots, regime
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,6 +239,7 @@ def render_page(
 
 
 PUBLISHED = ROOT / "results" / "paper" / "published.csv"
+CONTROLS_CSV, CONTROLS_PAGE = ROOT / "results" / "audit_controls.csv", ROOT / "docs" / "audit_controls.md"
 REGIME_SHOWN = (("entropy_nats", ".2f"), ("step_compression", ".2f"), ("vs_official_sjd", ".2f"),
                 ("vs_harness_sjd", ".2f"), ("latency_speedup", ".2f"), ("efficiency", ".2f"), ("audit_p", ".3g"),
                 ("audit_tv", ".3f"), ("audit_noise_tv", ".3f"))  # fmt: skip
@@ -378,6 +380,9 @@ def main() -> None:
         print(path)
     args.readme.write_text(with_headline(args.readme.read_text(), render_headline(args.results)))
     print(args.readme)
+    if CONTROLS_CSV.is_file():  # the audits' negative controls (scripts/audit_controls.py)
+        CONTROLS_PAGE.write_text(controls_page.render(pd.read_csv(CONTROLS_CSV)))
+        print(CONTROLS_PAGE)
 
 
 if __name__ == "__main__":

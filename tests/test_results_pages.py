@@ -201,3 +201,13 @@ def test_a_regime_page_joins_its_runs_with_ratios_anchors_and_the_goal(pages, tm
     assert "![regime map](regime.png)" in page and (out / "regime.png").is_file()
     assert "| a | SJD over AR | 4.50 | 2.00 | 2.22 | 0.90 |" in page  # published SJD: 2.22x
     assert "On `a`," in page and "is `scd_official`: 1.50x official-schedule SJD's" in page
+
+
+def test_the_audit_controls_page_is_generated_from_its_csv(pages):
+    """docs/audit_controls.md is rendered from results/audit_controls.csv (python scripts/audit_controls.py)."""
+    import sjd.audit.controls_page as controls_page
+
+    csv = pd.read_csv(pages.CONTROLS_CSV)
+    assert set(csv["control"]) == {"resample_from_p", "stale_q_maximal", "slot_gumbel", "q_before_top_k",
+                                   "low_precision_drafts"}  # fmt: skip
+    assert pages.CONTROLS_PAGE.read_text() == controls_page.render(csv), "docs/audit_controls.md is stale: make docs"

@@ -37,7 +37,16 @@ class AuditDraws:
     ) -> None:
         self.adapter, self.sampling, self.caption = adapter, sampling, caption
         self.n, self.batch, self.seed = n, batch, seed
-        self.reference = draw_samples(ARDecoder(), adapter, sampling, caption, 2 * n, batch, seed, "r").cpu()
+        self._reference: torch.Tensor | None = None
+
+    @property
+    def reference(self) -> torch.Tensor:
+        """AR's 2n samples (tag r), drawn on first use: the one-sample audit of a decoder needs none."""
+        if self._reference is None:
+            ar = ARDecoder()
+            self._reference = draw_samples(ar, self.adapter, self.sampling, self.caption, 2 * self.n, self.batch,
+                                           self.seed, "r").cpu()  # fmt: skip
+        return self._reference
 
     def draw(self, decoder: Decoder) -> torch.Tensor:
         return draw_samples(decoder, self.adapter, self.sampling, self.caption, self.n, self.batch, self.seed, "d")
