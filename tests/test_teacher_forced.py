@@ -5,6 +5,7 @@ seeds) on the micro model, every lossless decoder passing, and the negative cont
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -162,3 +163,41 @@ def test_the_controls_command_writes_its_table(tmp_path, monkeypatch):
     table = pd.read_csv(out)
     assert list(table["control"]) == list(CONTROLS) and (table["tokens"] == 400).all()
     assert table["tf_p"].between(0, 1).all() and table["images"].eq(100).all()
+
+
+# -- the in-run audit (audit.teacher_forced) ------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["~baseline"], "audit.teacher_forced=true needs baseline=ar"),
+        (["model.sampling.temperature=0"], "audit.teacher_forced=true needs random samples"),
+        (["audit.teacher_forced=yes"], "audit.teacher_forced must be true or false"),
+        (["audit.teacher_forced_batch=0"], "audit.teacher_forced_batch must be an integer >= 1"),
+    ],
+)
+def test_a_bad_teacher_forced_setting_fails_at_start_up_naming_the_key(compose_cfg, tmp_path, overrides, message):
+    from sjd.harness.runner import run
+
+    cfg = compose_cfg(["audit.teacher_forced=true", *overrides])
+    if overrides == ["audit.teacher_forced=yes"]:
+        cfg.audit.teacher_forced = "yes"
+    with pytest.raises(ValueError, match=message):
+        run(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "samples.jsonl").exists()  # nothing was decoded
+
+
+def test_a_run_audits_its_own_samples_with_ar_as_the_control(compose_cfg, tmp_path):
+    from sjd.harness.runner import run
+
+    cfg = compose_cfg(["model=micro", "prompts.n=4", "seeds_per_prompt=4", "batch_size=16", "decoder.window=4",
+                       "warmup=0",
+                       "save_images=false", "results_csv=null", "eval=none", "audit.teacher_forced=true"])  # fmt: skip
+    summary = run(cfg, tmp_path / "run").set_index("decoder")
+    assert summary.loc["ar", "tf_n_images"] == 16 and summary.loc["ar", "tf_n_tokens"] == 16 * 4
+    assert (summary["tf_control_p"] == summary.loc["ar", "tf_p"]).all()
+    assert summary.loc["ar", "tf_verdict"] == "pass" and summary.loc["sjd", "tf_p"] > 1e-3
+    # 64 tokens are far fewer than a 0.01 nats/token excess needs: a pass without power is not a pass
+    assert summary.loc["sjd", "tf_verdict"] == "no power"
+    assert summary.loc["sjd", "tf_tokens_needed"] > 64
+    written = pd.read_csv(tmp_path / "run" / "summary.csv")
+    assert {"tf_p", "tf_z", "tf_verdict", "tf_n_tokens"} <= set(written.columns)
