@@ -41,18 +41,14 @@ def compose_cfg():
 @pytest.fixture(scope="session")
 def run_audit():
     """run_audit(overrides) -> the report of scripts/audit.py for conf/audit.yaml + overrides."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("audit_script", ROOT / "scripts" / "audit.py")
-    audit_script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(audit_script)
+    from sjd.audit.driver import audit_report
 
     def _run(overrides):
         GlobalHydra.instance().clear()
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
             cfg = compose("audit", overrides=list(overrides))
         GlobalHydra.instance().clear()
-        return audit_script.audit(cfg)
+        return audit_report(cfg)
 
     return _run
 

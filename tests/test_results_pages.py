@@ -172,7 +172,10 @@ study:
 """
 
 
-def regime_rows(model: str, entropy: float, compressions: dict[str, float], audit_p: dict[str, float]) -> list[dict]:
+def regime_rows(
+    model: str, entropy: float, compressions: dict[str, float], audit_p: dict[str, float], tf_p: dict | None = None
+) -> list[dict]:
+    """One run's summary rows; with `tf_p`, every row carries a one-sample audit with power (tf_p default 0.5)."""
     names = ["ar", *compressions]
     configs = {"ar": {"name": "ar"}} | {d: {"name": d, "window": 16, "schedule": "official" if "official" in d
                                            else "harness"} for d in compressions}  # fmt: skip
@@ -186,7 +189,9 @@ def regime_rows(model: str, entropy: float, compressions: dict[str, float], audi
     return [
         {**common, "decoder": d, "schedule": configs[d].get("schedule", ""), "step_compression": steps[d],
          "n_forward": 100 / steps[d], "latency_speedup": steps[d] / 2, "efficiency": 0.9,
-         "entropy_nats": entropy if d == "ar" else None, "audit_p": audit_p.get(d, 0.5), "audit_tv": 0.1}
+         "entropy_nats": entropy if d == "ar" else None, "audit_p": audit_p.get(d, 0.5), "audit_tv": 0.1,
+         **({} if tf_p is None else {"tf_p": tf_p.get(d, 0.5), "tf_control_p": 0.5, "tf_n_tokens": 60000,
+                                     "tf_tokens_needed": 50000})}
         for d in names
     ]  # fmt: skip
 
@@ -196,10 +201,10 @@ def test_a_regime_page_joins_its_runs_with_ratios_anchors_and_the_goal(pages, tm
     conf.mkdir()
     results.mkdir()
     (conf / "regime.yaml").write_text(REGIME_OVERLAY)
-    # model a: official SJD at 2.0 (closest to the published 2.22); csjd 4.2 but its audit rejects it, so
-    # the goal's decoder is scd (3.0); lossy is fastest but is not lossless
+    # model a: official SJD at 2.0 (closest to the published 2.22); csjd 4.2 but its one-sample audit rejects it,
+    # so the goal's decoder is scd (3.0); lossy is fastest but is not lossless. Model b has no one-sample audit.
     a = regime_rows("a", 4.5, {"sjd_official": 2.0, "sjd_harness": 2.5, "scd_official": 3.0, "csjd_official": 4.2,
-                               "lossy": 5.0}, {"csjd_official": 1e-4})  # fmt: skip
+                               "lossy": 5.0}, {}, {"csjd_official": 1e-4})  # fmt: skip
     b = regime_rows("b", 0.7, {"sjd_official": 4.0, "sjd_harness": 4.0, "scd_official": 4.4, "lossy": 5.0}, {})
     pd.DataFrame(a + b).to_csv(results / "regime.csv", index=False)
     pages.render_all(results, conf, out, tables)
@@ -208,8 +213,11 @@ def test_a_regime_page_joins_its_runs_with_ratios_anchors_and_the_goal(pages, tm
     row = table[(table["model"] == "a") & (table["decoder"] == "scd_official")].iloc[0]
     assert (row["entropy_nats"], row["vs_official_sjd"], row["vs_harness_sjd"]) == (4.5, 1.5, 1.2)
     flags = table[table["model"] == "a"].set_index("decoder")
-    assert flags.loc["csjd_official", "lossless"] and not flags.loc["csjd_official", "audited_lossless"]
+    assert flags.loc["csjd_official", "lossless"] and flags.loc["csjd_official", "audited_lossless"] == False  # noqa: E712
+    assert flags.loc["scd_official", "audited_lossless"] == True  # noqa: E712
     assert not flags.loc["lossy", "lossless"]
+    # without a one-sample audit, a lossless claim is unknown (not True), even with the two-sample audit_p = 0.5
+    assert table.loc[(table["model"] == "b") & (table["decoder"] == "scd_official"), "audited_lossless"].isna().all()
     page = (out / "regime.md").read_text()
     assert "![regime map](regime.png)" in page and (out / "regime.png").is_file()
     assert "| a | SJD over AR | 4.50 | 2.00 (n/a: rerun) | 2.22 | 0.90 (n/a: rerun) |" in page  # published SJD: 2.22x
@@ -233,7 +241,7 @@ def test_the_goal_says_a_decoder_beats_sjd_only_where_the_interval_excludes_one(
     conf.mkdir()
     results.mkdir()
     (conf / "regime.yaml").write_text(REGIME_OVERLAY)
-    a = regime_rows("a", 4.5, {"sjd_official": 2.0, "sjd_harness": 2.5, "scd_official": 3.0}, {})
+    a = regime_rows("a", 4.5, {"sjd_official": 2.0, "sjd_harness": 2.5, "scd_official": 3.0}, {}, {})  # audited
     a[3] |= {"vs_sjd_official_lo": official[0], "vs_sjd_official_hi": official[1],
              "vs_sjd_harness_lo": harness[0], "vs_sjd_harness_hi": harness[1]}  # fmt: skip
     pd.DataFrame(a).to_csv(results / "regime.csv", index=False)
@@ -243,3 +251,13 @@ def test_the_goal_says_a_decoder_beats_sjd_only_where_the_interval_excludes_one(
     for sentence in says:
         assert sentence in page
     assert "not distinguishable" in page and "compresses more" in page
+
+
+def test_the_audit_controls_page_is_generated_from_its_csv(pages):
+    """docs/audit_controls.md is rendered from results/audit_controls.csv (python scripts/audit_controls.py)."""
+    import sjd.audit.controls_page as controls_page
+
+    csv = pd.read_csv(pages.CONTROLS_CSV)
+    assert set(csv["control"]) == {"resample_from_p", "stale_q_maximal", "slot_gumbel", "q_before_top_k",
+                                   "low_precision_drafts"}  # fmt: skip
+    assert pages.CONTROLS_PAGE.read_text() == controls_page.render(csv), "docs/audit_controls.md is stale: make docs"

@@ -30,8 +30,9 @@ MIN_EXPECTED = 5.0
 @dataclass
 class AuditResult:
     tv_distance: float
-    p_value: float
+    p_value: float  # NaN when nothing could be tested: an untested audit passes nothing
     dof: int
+    n_tested: int = 0  # outcomes (exact test) or positions (two-sample test) the p-value covers
 
 
 def draw_samples(
@@ -98,12 +99,13 @@ def exact_test(counts: np.ndarray, probs: np.ndarray) -> AuditResult:
     probs = probs / probs.sum()
     stat, dof = _pooled_chi_square(counts.astype(float), n * probs)
     tv = 0.5 * float(np.abs(counts / n - probs).sum())
-    return AuditResult(tv, float(stats.chi2.sf(stat, dof)) if dof > 0 else 1.0, dof)
+    return AuditResult(tv, float(stats.chi2.sf(stat, dof)) if dof > 0 else float("nan"), dof, len(probs))
 
 
 def marginal_test(samples: np.ndarray, reference: np.ndarray) -> AuditResult:
     """Per-position two-sample chi-square of [n, N] token arrays; Bonferroni over positions.
-    tv_distance is the mean over positions of the marginals' total-variation distance."""
+    tv_distance is the mean over positions of the marginals' total-variation distance. With no
+    position testable (too few samples) the p-value is NaN, not 1."""
     p_values, tvs, dofs = [], [], 0
     for pos in range(samples.shape[1]):
         ids = np.union1d(samples[:, pos], reference[:, pos])
@@ -127,8 +129,9 @@ def marginal_test(samples: np.ndarray, reference: np.ndarray) -> AuditResult:
         p_values.append(p)
         dofs += dof
     if not p_values:
-        return AuditResult(float(np.mean(tvs)) if tvs else 0.0, 1.0, 0)
-    return AuditResult(float(np.mean(tvs)), float(min(1.0, min(p_values) * len(p_values))), dofs)
+        return AuditResult(float(np.mean(tvs)) if tvs else float("nan"), float("nan"), 0, 0)
+    p = float(min(1.0, min(p_values) * len(p_values)))
+    return AuditResult(float(np.mean(tvs)), p, dofs, len(p_values))
 
 
 def outcome_index(sequences: torch.Tensor, enumerated: torch.Tensor) -> np.ndarray:

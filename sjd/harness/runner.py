@@ -39,7 +39,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from sjd.audit.in_run import audit_caption, audit_decoders
+from sjd.audit.in_run import audit_caption, audit_decoders, teacher_forced_batch, with_teacher_forced_audit
 from sjd.core.sampling import SamplingConfig
 from sjd.decoders.base import Decoder, device_sync
 from sjd.harness import contention
@@ -172,6 +172,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame | None:
     run_dir.mkdir(parents=True, exist_ok=True)
     seeds_per_prompt(cfg)
     audit_caption(cfg)
+    teacher_forced_batch(cfg)
     sampling = SamplingConfig(**OmegaConf.to_container(cfg.model.sampling))
     decoders, baseline = build_decoders(cfg)
     prompt_set = load_prompt_set(**OmegaConf.to_container(cfg.prompts))
@@ -315,6 +316,7 @@ def summarise(job: RankJob, sampling: SamplingConfig, eval_cfg: dict | None) -> 
     if audit_caption(job.cfg):
         audit = audit_decoders(job.cfg, job.adapter, job.decoders, sampling)
         summary = summary.merge(audit, on="decoder", how="left")
+    summary = with_teacher_forced_audit(job.cfg, summary, samples, job.adapter, job.decoders, sampling)
     return summary, samples
 
 
@@ -331,7 +333,7 @@ def publish(job: RankJob, summary: pd.DataFrame, samples: pd.DataFrame) -> None:
     logger = instantiate(cfg.logger)
     logger.log_run(run_dir, summary, samples, OmegaConf.to_container(cfg, resolve=True))
 
-    shown = TABLE_COLUMNS + [c for c in ("fid", "clip", "audit_tv", "audit_p") if c in summary.columns]
+    shown = TABLE_COLUMNS + [c for c in ("fid", "clip", "audit_tv", "audit_p", "tf_p") if c in summary.columns]
     table = summary[shown].to_string(index=False, float_format=lambda x: f"{x:.3f}")
     world = f", {job.dp.info.world_size} ranks" if job.dp.info.distributed else ""
     where = f"{job.prompt_set.name} ({job.prompt_set.selection}{world})"

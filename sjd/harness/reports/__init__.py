@@ -5,10 +5,13 @@ tables: a run's key table and provenance; regime_page: the regime map's combined
 """
 
 from sjd.harness.reports.pages import (
+    CONTROLS_CSV,
+    CONTROLS_PAGE,
     GENERATOR,
     HEADLINE,
     HEADLINE_MARKERS,
     render_all,
+    render_controls,
     render_headline,
     render_page,
     with_headline,
@@ -16,6 +19,8 @@ from sjd.harness.reports.pages import (
 from sjd.harness.reports.studies import FIGURES, Study, load_studies
 
 __all__ = [
+    "CONTROLS_CSV",
+    "CONTROLS_PAGE",
     "FIGURES",
     "GENERATOR",
     "HEADLINE",
@@ -23,6 +28,7 @@ __all__ = [
     "Study",
     "load_studies",
     "render_all",
+    "render_controls",
     "render_headline",
     "render_page",
     "with_headline",

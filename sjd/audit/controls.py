@@ -1,0 +1,126 @@
+"""DELIBERATELY FAULTY decoders: the negative controls the exactness audits must catch.
+
+Each is a lossless decoder with one known slip, made by overriding one phase. They exist only for
+tests and for the controls table (scripts/audit_controls.py, docs/results/audit_controls.md); no config
+in conf/decoder/ names them, and each says `lossless = False`-by-construction in its docstring only:
+`lossless` stays True so the audits treat them as the claim they would make.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sjd.core.sampling import filter_top_k_top_p, sample_from
+from sjd.core.verify import VerifyResult, block_verify
+from sjd.core.verify import verify as speculative_verify
+from sjd.decoders.coupled import CoupledSJDDecoder, maximal_coupling_drafts
+from sjd.decoders.sjd import SJDDecoder
+
+
+class ResampleFromP(SJDDecoder):
+    """FAULTY: a rejected draft's replacement is drawn from p instead of norm(max(0, p - q))."""
+
+    def accept(self, p, drafts, q, n_drafts, accept_uniforms, sample_uniforms) -> VerifyResult:
+        rule = block_verify if self.verification == "block" else speculative_verify
+        result = rule(p, drafts, q, n_drafts, accept_uniforms, sample_uniforms)
+        rows = torch.arange(p.shape[0], device=p.device)
+        from_p = sample_from(p[rows, result.n_accepted], sample_uniforms)
+        rejected = result.n_accepted < n_drafts
+        return VerifyResult(result.n_accepted, torch.where(rejected, from_p, result.next_token), result.accepted)
+
+
+class StaleQMaximal(CoupledSJDDecoder):
+    """FAULTY (SCD-MC as released): maximal coupling that keeps a kept draft's old q instead of p."""
+
+    def __init__(self, name: str = "stale_q_maximal", window: int = 4, **kw) -> None:
+        super().__init__(name, window, coupling="maximal", **kw)
+
+    def next_drafts(self, p, drafts, q, n_drafts, result, uniforms, positions, state) -> tuple:
+        samples = sample_from(p, uniforms)
+        if not drafts.shape[1]:
+            return samples, p
+        samples = maximal_coupling_drafts(p, drafts, q, n_drafts, result.accepted, uniforms, samples)
+        D = drafts.shape[1]
+        kept = (result.accepted & (torch.arange(D, device=p.device)[None] < n_drafts[:, None]))[..., None]
+        recorded = p.clone()
+        recorded[:, :D] = torch.where(kept, q, p[:, :D])
+        return samples, recorded
+
+
+class SlotGumbel(CoupledSJDDecoder):
+    """FAULTY (SCD-GS as released): one Gumbel vector per window slot, not per absolute position, so as
+    the window slides one token a step the same vector draws consecutive positions."""
+
+    def __init__(self, name: str = "slot_gumbel", window: int = 4, **kw) -> None:
+        super().__init__(name, window, coupling="gumbel", **kw)
+
+    def next_drafts(self, p, drafts, q, n_drafts, result, uniforms, positions, state) -> tuple:
+        slots = torch.arange(p.shape[1], device=p.device).expand(p.shape[0], -1)
+        g = state.noise[torch.arange(p.shape[0], device=p.device)[:, None], slots]
+        return (p.log() + g).argmax(-1), p
+
+
+class QBeforeTopK(SJDDecoder):
+    """FAULTY: drafts drawn from the top-k of p, but recorded with q = p (the distribution before top-k)."""
+
+    def __init__(self, name: str = "q_before_top_k", window: int = 4, top_k: int = 2, **kw) -> None:
+        super().__init__(name, window, **kw)
+        self.top_k = top_k
+
+    def next_drafts(self, p, drafts, q, n_drafts, result, uniforms, positions, state) -> tuple:
+        drawn_from = filter_top_k_top_p(p.log(), self.top_k, None).softmax(-1)
+        return sample_from(drawn_from, uniforms), p
+
+
+class LowPrecisionDrafts(SJDDecoder):
+    """FAULTY: drafts drawn from p rounded to a low-precision dtype (renormalised), recorded with the
+    full-precision p that verification uses."""
+
+    def __init__(self, name: str = "low_precision_drafts", window: int = 4, dtype: str = "float8_e4m3fn", **kw):
+        super().__init__(name, window, **kw)
+        self.dtype = getattr(torch, dtype)
+
+    def next_drafts(self, p, drafts, q, n_drafts, result, uniforms, positions, state) -> tuple:
+        low = p.to(self.dtype).float()
+        return sample_from(low / low.sum(-1, keepdim=True), uniforms), p
+
+
+CONTROLS = {
+    "resample_from_p": ResampleFromP,
+    "stale_q_maximal": StaleQMaximal,
+    "slot_gumbel": SlotGumbel,
+    "q_before_top_k": QBeforeTopK,
+    "low_precision_drafts": LowPrecisionDrafts,
+}
+
+
+def make_control(name: str, window: int = 4) -> SJDDecoder:
+    """The deliberately faulty decoder `name` (a key of CONTROLS) at `window`."""
+    if name not in CONTROLS:
+        raise ValueError(f"unknown negative control {name!r}; one of {sorted(CONTROLS)}")
+    return CONTROLS[name](name=name, window=window)
+
+
+CONTROL_COLUMNS = ["control", "model", "images", "tokens", "tf_p", "tf_z", "tf_ks_p", "tf_lag1_p", "two_sample_p"]
+
+
+def measure_controls(n: int, seed: int = 0, window: int = 4):
+    """One row per control on the micro model (2 x 2 codes, 3 ids, CFG 2): the one-sample audit of n of
+    its images, and the two-sample per-position test of the same n images against n of AR's."""
+    import pandas as pd
+
+    from sjd.audit.driver import AuditDraws
+    from sjd.core.sampling import SamplingConfig
+    from sjd.models.micro import MicroAdapter
+
+    adapter, sampling = MicroAdapter(), SamplingConfig(cfg_scale=2.0)
+    draws = AuditDraws(adapter, sampling, "a", n, min(n, 2000), seed)
+    rows = []
+    for name in CONTROLS:
+        samples = draws.draw(make_control(name, window))
+        tf = draws.one_sample(samples)
+        two, _ = draws.two_sample(samples)
+        rows.append({"control": name, "model": adapter.name, "images": n, "tokens": tf["tf_n_tokens"],
+                     "tf_p": tf["tf_p"], "tf_z": tf["tf_z"], "tf_ks_p": tf["tf_ks_p"], "tf_lag1_p": tf["tf_lag1_p"],
+                     "two_sample_p": two.p_value})  # fmt: skip
+    return pd.DataFrame(rows, columns=CONTROL_COLUMNS)

@@ -1,0 +1,205 @@
+"""The one-sample, teacher-forced exactness audit: does each sampled image look like a draw from AR?
+
+One teacher-forced forward per image, through the adapter and the shared logits pipeline under the
+run's sampling settings, gives p_t(. | x_<t) at every generated position. If x was drawn from the AR
+model, then (docs/algorithms.md, "The one-sample audit"):
+- the randomized probability integral transform U_t = P_t(ids ranked above x_t) + V_t p_t(x_t), ids
+  ranked by descending p_t (ties by id), V_t uniform and independent of x, makes U_1 .. U_T independent
+  and uniform on (0, 1);
+- the surprisal excess d_t = -log p_t(x_t) - H(p_t) has mean 0 given the past and variance
+  Var_t = sum p log^2 p - H^2, so Z = sum d_t / sqrt(sum Var_t) is close to standard normal.
+
+`teacher_forced_tokens` runs the forwards (batched) and keeps four numbers per position; everything
+after it is a pure function of those numbers. Forced positions (p = 1) carry no information and are
+left out; so are free positions where the distribution is one point (top-k = 1), which test nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy import stats
+
+from sjd.core.sampling import SamplingConfig, logits_to_probs
+from sjd.models.base import ModelAdapter
+from sjd.types import ImageLayout, Logits, Prompt
+
+ALPHA = 1e-3  # a lossless decoder passes when the combined p exceeds this
+POWER_EXCESS = 0.01  # nats per token: the excess the reported power is for
+STATISTICS = ("z", "ks", "row_ks", "lag1", "lag_row")  # the Bonferroni family of the combined p
+PIT_STREAM = 0x5049_5400  # seeds V_t apart from every stream a decoder draws from the same seed
+
+
+@dataclass
+class TokenTerms:
+    """Per image and generated position, [n_images, n_tokens] float64 arrays."""
+
+    p_token: np.ndarray  # p_t(x_t)
+    p_above: np.ndarray  # P_t(ids ranked above x_t)
+    entropy: np.ndarray  # H(p_t) in nats
+    second: np.ndarray  # sum p log^2 p
+
+
+POSITION_CHUNK = 128  # positions per float64 pass: bounds the audit's memory at a large vocabulary
+
+
+@torch.no_grad()
+def position_terms(probs: torch.Tensor, tokens: torch.Tensor, layout: ImageLayout) -> list[np.ndarray]:
+    """probs [B, N, V] and committed tokens [B, N] -> p(x), P(ranked above x), H, sum p log^2 p (float64).
+
+    Computed on the free columns only (forced positions are one-hot: p(x) = 1 there when the grammar
+    was kept, every other term 0), a chunk of positions at a time."""
+    cols = layout.free_columns(probs.device)
+    free = probs[..., cols]
+    col_of = torch.full((probs.shape[-1],), -1, dtype=torch.long, device=probs.device)
+    col_of[cols] = torch.arange(free.shape[-1], device=probs.device)
+    out = []
+    for s in range(0, probs.shape[1], POSITION_CHUNK):
+        tok = tokens[:, s : s + POSITION_CHUNK]
+        p = free[:, s : s + POSITION_CHUNK].double()
+        idx = col_of[tok]
+        px_free = p.gather(-1, idx.clamp(min=0)[..., None]).squeeze(-1).masked_fill(idx < 0, 0.0)
+        px = torch.maximum(px_free, probs[:, s : s + POSITION_CHUNK].gather(-1, tok[..., None]).squeeze(-1).double())
+        ids = torch.arange(p.shape[-1], device=p.device)
+        above = (p > px_free[..., None]) | ((p == px_free[..., None]) & (ids < idx[..., None]))
+        logp = p.clamp_min(1e-300).log().masked_fill(p == 0, 0.0)
+        terms = (px, (p * above).sum(-1), -(p * logp).sum(-1), (p * logp.square()).sum(-1))
+        out.append([t.cpu().numpy() for t in terms])
+    return [np.concatenate([o[i] for o in out], 1) for i in range(4)]
+
+
+@torch.no_grad()
+def teacher_forced_tokens(
+    adapter: ModelAdapter,
+    prompts: Sequence[Prompt],
+    tokens: torch.Tensor,
+    sampling: SamplingConfig,
+    batch_size: int,
+) -> TokenTerms:
+    """One teacher-forced forward per image (prompt b, tokens [B, N]) in batches of `batch_size`, at the
+    adapter's own dtype and path: prefill, then one forward of the whole sequence but its last token."""
+    parts = []
+    N = tokens.shape[1]
+    for start in range(0, len(prompts), batch_size):
+        seq = tokens[start : start + batch_size].to(adapter.device)
+        B = len(seq)
+        first = adapter.prefill(list(prompts[start : start + B]), sampling.uses_uncond)
+        rest = adapter.forward(seq[:, :-1], [0] * B)
+        uncond = None if first.uncond is None else torch.cat([first.uncond, rest.uncond], 1)
+        logits = Logits(torch.cat([first.cond, rest.cond], 1), uncond)
+        positions = torch.arange(N, device=adapter.device).expand(B, -1)
+        probs = logits_to_probs(logits, positions, adapter.layout, sampling)
+        parts.append(position_terms(probs, seq, adapter.layout))
+    return TokenTerms(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
+
+
+def pit_uniforms(terms: TokenTerms, seeds: Sequence[int]) -> np.ndarray:
+    """U_t = P(above) + V_t p(x_t), with V from a generator seeded from each sample's own seed (on a
+    stream of its own, so V is independent of the uniforms the decoder drew)."""
+    v = np.stack([np.random.default_rng([int(s), PIT_STREAM]).random(terms.p_token.shape[1]) for s in seeds])
+    return np.clip(terms.p_above + v * terms.p_token, 0.0, 1.0)
+
+
+@dataclass
+class CodeGrid:
+    """Where the tested positions sit: [n_tokens] masks and row indices of the image codes."""
+
+    tested: np.ndarray  # bool: a free code position
+    row: np.ndarray  # int: the code row of each position (-1 off the image)
+    row_stride: int
+
+
+def code_grid(layout: ImageLayout) -> CodeGrid:
+    free = (layout.forced < 0).numpy()
+    pos = np.arange(layout.n_tokens)
+    row = np.where(free, (pos - layout.first_code) // layout.row_stride, -1)
+    return CodeGrid(free, row, int(layout.row_stride))
+
+
+def _lag_correlation(g: np.ndarray, ok: np.ndarray, lag: int) -> tuple[float, float, int]:
+    """Mean of g_t g_{t+lag} over pairs both tested, and its two-sided p: under the null the g are
+    independent N(0, 1), so the sum over n pairs divided by sqrt(n) is close to N(0, 1)."""
+    if lag <= 0 or lag >= g.shape[1]:
+        return float("nan"), float("nan"), 0
+    pair = ok[:, :-lag] & ok[:, lag:]
+    prods = (g[:, :-lag] * g[:, lag:])[pair]
+    n = len(prods)
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    z = prods.sum() / np.sqrt(n)
+    return float(prods.mean()), float(2 * stats.norm.sf(abs(z))), n
+
+
+def tokens_for_power(
+    var_per_token: float, excess: float = POWER_EXCESS, alpha: float = ALPHA, power: float = 0.8
+) -> float:
+    """Tokens the Z statistic needs to detect a mean excess of `excess` nats per token at combined p <
+    `alpha` (Bonferroni over STATISTICS) with probability `power`, given the measured variance per token:
+    n excess / sqrt(n var) must reach z_{1 - alpha / 2k} + z_power."""
+    if not np.isfinite(var_per_token) or var_per_token <= 0:
+        return float("nan")
+    z = stats.norm.isf(alpha / (2 * len(STATISTICS))) + stats.norm.isf(1 - power)
+    return float(var_per_token * (z / excess) ** 2)
+
+
+def _row_ks(u: np.ndarray, ok: np.ndarray, row: np.ndarray) -> float:
+    """Per code row, a KS test of that row's U (pooled over images) against uniform; Bonferroni over rows."""
+    rows = [r for r in np.unique(row[row >= 0]) if ok[:, row == r].any()]
+    ps = [stats.kstest(u[:, row == r][ok[:, row == r]], "uniform").pvalue for r in rows]
+    return float(min(1.0, min(ps) * len(ps))) if ps else float("nan")
+
+
+def exactness_statistics(terms: TokenTerms, uniforms: np.ndarray, grid: CodeGrid) -> dict:
+    """The one-sample audit's numbers for one decoder's images (columns prefixed tf_, docs/algorithms.md).
+
+    tf_p combines the p-values of STATISTICS by Bonferroni and is 0 when a committed token has
+    probability 0 (impossible for an exact sampler); NaN when nothing was testable."""
+    var = np.clip(terms.second - terms.entropy**2, 0.0, None)
+    zero = terms.p_token <= 0  # at a free position: outside top-k / top-p or the codes; at a forced one: off-grammar
+    ok = grid.tested[None] & ~zero & (var > 1e-12)
+    n = int(ok.sum())
+    d = -np.log(np.where(ok, terms.p_token, 1.0)) - terms.entropy
+    out = {"tf_n_images": int(len(uniforms)), "tf_n_tokens": n, "tf_zero_count": int(zero.sum()),
+           "tf_zero_share": float(zero.sum() / max(1, (grid.tested[None] | zero).sum()))}  # fmt: skip
+    if n == 0:
+        nan = float("nan")
+        return {**out, "tf_z": nan, "tf_excess_nats": nan, "tf_var_nats2": nan, "tf_ks_d": nan, "tf_ks_p": nan,
+                "tf_row_ks_p": nan, "tf_lag1_r": nan, "tf_lag1_p": nan, "tf_lag_row_r": nan, "tf_lag_row_p": nan,
+                "tf_tokens_needed": nan, "tf_p": 0.0 if out["tf_zero_count"] else nan}  # fmt: skip
+    z = float(d[ok].sum() / np.sqrt(var[ok].sum()))
+    ks = stats.kstest(uniforms[ok], "uniform")
+    g = stats.norm.ppf(np.clip(uniforms, 1e-300, 1 - 1e-16))
+    lag1_r, lag1_p, _ = _lag_correlation(g, ok, 1)
+    row_r, row_p, _ = _lag_correlation(g, ok, grid.row_stride)
+    ps = {"z": float(2 * stats.norm.sf(abs(z))), "ks": float(ks.pvalue), "row_ks": _row_ks(uniforms, ok, grid.row),
+          "lag1": lag1_p, "lag_row": row_p}  # fmt: skip
+    finite = [p for p in ps.values() if np.isfinite(p)]
+    combined = 0.0 if out["tf_zero_count"] else float(min(1.0, min(finite) * len(finite)))
+    var_per_token = float(var[ok].mean())
+    return {**out, "tf_z": z, "tf_excess_nats": float(d[ok].mean()), "tf_var_nats2": var_per_token,
+            "tf_ks_d": float(ks.statistic), "tf_ks_p": ps["ks"], "tf_row_ks_p": ps["row_ks"], "tf_lag1_r": lag1_r,
+            "tf_lag1_p": lag1_p, "tf_lag_row_r": row_r, "tf_lag_row_p": row_p,
+            "tf_tokens_needed": tokens_for_power(var_per_token), "tf_p": combined}  # fmt: skip
+
+
+TF_COLUMNS = [
+    "tf_n_images", "tf_n_tokens", "tf_z", "tf_excess_nats", "tf_var_nats2", "tf_ks_d", "tf_ks_p", "tf_row_ks_p",
+    "tf_lag1_r", "tf_lag1_p", "tf_lag_row_r", "tf_lag_row_p", "tf_zero_count", "tf_zero_share", "tf_tokens_needed",
+    "tf_p",
+]  # fmt: skip
+
+
+def audit_images(
+    adapter: ModelAdapter,
+    prompts: Sequence[Prompt],
+    tokens: torch.Tensor,
+    seeds: Sequence[int],
+    sampling: SamplingConfig,
+    batch_size: int,
+) -> dict:
+    """The one-sample audit of images `tokens` [n, N] drawn for `prompts` with generator seeds `seeds`."""
+    terms = teacher_forced_tokens(adapter, prompts, tokens, sampling, batch_size)
+    return exactness_statistics(terms, pit_uniforms(terms, seeds), code_grid(adapter.layout))
