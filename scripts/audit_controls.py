@@ -2,7 +2,7 @@
 
 Draws N images of the micro model with each deliberately faulty decoder (sjd/audit/controls.py), runs
 the one-sample teacher-forced audit and the two-sample per-position test on them, and writes
-results/audit_controls.csv; `scripts/results_pages.py` renders it as docs/results/audit_controls.md.
+results/audit_controls.csv; `scripts/results_pages.py` renders it as docs/audit_controls.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """DELIBERATELY FAULTY decoders: the negative controls the exactness audits must catch.
 
 Each is a lossless decoder with one known slip, made by overriding one phase. They exist only for
-tests and for the controls table (scripts/audit_controls.py, docs/results/audit_controls.md); no config
+tests and for the controls table (scripts/audit_controls.py, docs/audit_controls.md); no config
 in conf/decoder/ names them, and each says `lossless = False`-by-construction in its docstring only:
 `lossless` stays True so the audits treat them as the claim they would make.
 """
