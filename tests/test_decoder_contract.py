@@ -28,10 +28,10 @@ from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.base import Decoder, DecodeResult
 from sjd.harness.prompts import load_prompt_file
-from sjd.harness.provenance import make_generators
 from sjd.models.base import ModelAdapter
 from sjd.types import EMBEDS, Prompt
 

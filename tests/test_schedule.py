@@ -8,12 +8,12 @@ import torch
 
 from sjd.core.sampling import SamplingConfig
 from sjd.core.schedule import JacobiInterval, OfficialSchedule, make_schedule, official_interval
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.coupled import CoupledSJDDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.tree import BranchingSJDDecoder
 from sjd.harness.prompts import load_prompt_file
-from sjd.harness.provenance import make_generators
 from sjd.models.chameleon import ChameleonVocab
 from sjd.models.lumina import END_OF_LINE, GRID_PX, lumina_layout, size_token
 

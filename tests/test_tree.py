@@ -9,11 +9,11 @@ from scipy.stats import chisquare
 
 from sjd.audit.stats import draw_samples
 from sjd.core.sampling import SamplingConfig, sample_from
+from sjd.core.seeding import make_generators
 from sjd.core.verify import accept_tests, residual
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.tree import BranchingSJDDecoder, draw_siblings, verify_siblings
 from sjd.harness.prompts import load_prompt_file
-from sjd.harness.provenance import make_generators
 from sjd.models.micro import MicroAdapter
 from sjd.types import Prompt
 
