@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
-from sjd.core.verify import VerifyResult, accept_tests, residual
+from sjd.core.verify import VerifyResult, accept_tests, accepted_prefix, residual, stop_slot
 from sjd.decoders.base import DecodeResult, ForwardClock
 from sjd.decoders.coupled import CoupledSJDDecoder
 from sjd.decoders.sjd import WindowState
@@ -213,16 +213,10 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
         rows = torch.arange(B, device=device)
         p_chain = p[rows[:, None], win.chain_slot.to(device)]  # [B, C+1, V]
         u = draw_tree_uniforms(generators, win.n_drafts.tolist(), C, K1, device)
-        accepted = accept_tests(p_chain, win.drafts, win.q, u["accept"]) & (
-            torch.arange(C, device=device)[None, :] < win.n_drafts[:, None]
-        )
-        n_acc = accepted.long().cumprod(1).sum(1)
+        accepted, n_acc = accepted_prefix(accept_tests(p_chain, win.drafts, win.q, u["accept"]), win.n_drafts)
         # Target at the first rejection: p minus the chain draft's q (p itself at the bonus slot).
-        has_draft = n_acc < win.n_drafts
-        q_at = (
-            win.q[rows, n_acc.clamp(max=max(C - 1, 0))] * has_draft[:, None] if C else torch.zeros_like(p_chain[:, 0])
-        )
-        target = residual(p_chain[rows, n_acc], q_at)
+        p_at, q_at, has_draft = stop_slot(p_chain, win.q, n_acc, win.n_drafts)
+        target = residual(p_at, q_at)
         picked = torch.full((B,), -1, dtype=torch.long, device=device)
         sib_p = target  # the accepted sibling's own next-token distribution (read only where one is)
         if K1 and self.branch_depth:
