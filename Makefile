@@ -17,7 +17,7 @@ help:
 
 # The installed torch is pinned as a constraint for the rest, so resolving the eval extra (torchvision
 # pins its torch) can never swap it for another build: it fails loudly instead. The .pth file makes every
-# python of this venv mend torchvision's import on the CPU torch at start-up (sjd/eval/torchvision_compat.py),
+# python of this venv mend torchvision's import on the CPU torch at start-up (sjd/torchvision_compat.py),
 # so transformers and torchmetrics import in any script, not only after `import sjd`.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -c "import torch; print('torch==' + torch.__version__)" 2>/dev/null > $(VENV)/torch-constraint.txt
 	$(PY) -m pip install -q -e ".[dev,eval]" -c $(VENV)/torch-constraint.txt
 	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > $(VENV)/site-dir.txt
-	echo "import sjd.eval.torchvision_compat as c; c.install_torchvision_import_fix()" > "$$(cat $(VENV)/site-dir.txt)/sjd_torchvision_fix.pth"
+	echo "import sjd.torchvision_compat as c; c.install_torchvision_import_fix()" > "$$(cat $(VENV)/site-dir.txt)/sjd_torchvision_fix.pth"
 	touch $@
 
 install: $(VENV)/.installed

@@ -37,10 +37,10 @@ import sjd.decoders.base
 import sjd.decoders.sjd
 from sjd.core import sampling
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.stages import StageClock
-from sjd.harness.provenance import make_generators
 from sjd.harness.results import STAGE_COLUMNS, markdown_table, summarize
 from sjd.types import ImageLayout, Logits, Prompt
 
@@ -159,7 +159,7 @@ def lap_seconds(n: int = 100_000) -> float:
 
 def bench_decode(batches: list[int], old_batches: list[int], grids: int, standin: str | None = None) -> pd.DataFrame:
     if standin:
-        from sjd.models.standin import StandinLuminaAdapter
+        from sjd.standin.adapter import StandinLuminaAdapter
         from sjd.standin.procedural import all_themes
 
         adapter, captions = StandinLuminaAdapter(asset=standin, name=standin), [t.caption for t in all_themes()]

@@ -43,9 +43,10 @@ import torch
 from omegaconf import OmegaConf
 
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd import SJDDecoder
-from sjd.harness.provenance import git_hash, make_generators
+from sjd.harness.provenance import git_hash
 from sjd.harness.results import markdown_table
 from sjd.models.base import ModelAdapter
 from sjd.models.loading import torch_dtype

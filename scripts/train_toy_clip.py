@@ -1,4 +1,4 @@
-"""Train the toy CLIP (sjd/eval/toy_clip.py): the toy model's CLIP score and FID feature network.
+"""Train the toy CLIP (sjd/toy/clip.py): the toy model's CLIP score and FID feature network.
 
     python scripts/train_toy_clip.py                       # reproduces sjd/assets/toy_clip (time: its config.json)
     python scripts/train_toy_clip.py --steps 5 --out /tmp/clip   # a smoke run
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sjd.eval.toy_clip import DEFAULT_DIR, ToyCLIP, save_toy_clip, to_pixel_values
+from sjd.toy.clip import DEFAULT_DIR, ToyCLIP, save_toy_clip, to_pixel_values
 from sjd.toy.model import TEXT_CONTEXT
 from sjd.toy.scenes import scene_batch
 from sjd.toy.tokenizer import ToyVocab, decode_codes

@@ -27,9 +27,9 @@ import pytest
 import torch
 
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.base import Decoder, DecodeResult
-from sjd.harness.provenance import make_generators
 from sjd.models.base import ModelAdapter
 from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, Prompt
 

@@ -6,8 +6,8 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from sjd.core.sampling import SamplingConfig, cfg_mix, grammar_mask
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
-from sjd.harness.provenance import make_generators
 from sjd.types import Logits, Prompt
 
 

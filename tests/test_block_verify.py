@@ -7,12 +7,12 @@ from scipy.stats import chisquare
 
 from sjd.audit.stats import draw_samples
 from sjd.core.sampling import SamplingConfig, sample_from
+from sjd.core.seeding import make_generators
 from sjd.core.verify import block_verify, verify
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.coupled import CoupledSJDDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.harness.prompts import load_prompt_file
-from sjd.harness.provenance import make_generators
 from sjd.models.micro import MicroAdapter
 
 V, D, N = 4, 3, 200_000  # vocabulary, drafts per block, blocks verified at once

@@ -10,11 +10,11 @@ from scipy.stats import chisquare
 from sjd.audit.stats import draw_samples
 from sjd.core.drafts import distribution_drafts
 from sjd.core.sampling import SamplingConfig, sample_from
+from sjd.core.seeding import make_generators
 from sjd.core.verify import accept_tests
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.coupled import CoupledSJDDecoder, gumbel_drafts, maximal_coupling_drafts
 from sjd.harness.prompts import load_prompt_file
-from sjd.harness.provenance import make_generators
 from sjd.models.micro import MicroAdapter
 from sjd.types import Prompt
 

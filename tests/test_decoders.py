@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.jacobi import JacobiDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.harness.prompts import load_prompt_file
-from sjd.harness.provenance import make_generators
 from sjd.types import Prompt
 
 PROMPTS = load_prompt_file("sjd/assets/prompts/toy.tsv")[:4]

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.sjd import SJDDecoder
 from sjd.eval.clip_score import clip_score
 from sjd.eval.fid import add_images, build_metric, toy_reference_images
 from sjd.eval.protocols import preprocess
 from sjd.eval.quality import check_eval, evaluate
 from sjd.harness.prompts import load_prompt_file
-from sjd.harness.provenance import make_generators
 from sjd.toy.scenes import scene_batch
 from sjd.toy.tokenizer import N_CODES, decode_codes
 from sjd.toy.training import HELDOUT_INDEX

@@ -24,7 +24,7 @@ from sjd.eval.clip_score import clip_score, import_open_clip, load_open_clip, re
 from sjd.eval.fid import add_images, build_metric
 from sjd.eval.protocols import preprocess
 from sjd.eval.quality import check_eval
-from sjd.eval.torchvision_compat import _TorchvisionFinder, import_torchvision, install_torchvision_import_fix
+from sjd.torchvision_compat import _TorchvisionFinder, import_torchvision, install_torchvision_import_fix
 
 TINY_CLIP = "sjd-test-tiny-clip"
 TINY_CLIP_CONFIG = {  # ViT-B-32's layout at toy size; the real vocabulary so open_clip's tokenizer fits

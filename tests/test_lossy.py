@@ -7,13 +7,14 @@ import torch
 
 from sjd.core.relaxed_rules import gsd_masses, lantern_masses, lantern_rejection, neighbour_table
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.relaxed import RelaxedSJDDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.zipar import ZipARDecoder
 from sjd.harness.prompts import load_prompt_file
-from sjd.harness.provenance import make_generators
-from sjd.models.micro import MicroAdapter, MicroSJD2Adapter
+from sjd.models.micro import MicroAdapter
+from sjd.sjd2.micro import MicroSJD2Adapter
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = load_prompt_file("sjd/assets/prompts/toy.tsv")[:4]

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.pjd import PJDDecoder, RowState
 from sjd.decoders.zipar import ZipARDecoder
 from sjd.harness.prompts import load_prompt_file
-from sjd.harness.provenance import make_generators
 from sjd.models.micro import MicroAdapter
 from sjd.types import WINDOW, ImageLayout
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.sjd import SJDDecoder
 from sjd.harness.prompts import load_prompt_file
-from sjd.harness.provenance import make_generators
 from sjd.types import Logits
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,12 +8,12 @@ import torch
 
 from sjd.core.sampling import SamplingConfig
 from sjd.core.schedule import JacobiInterval, OfficialSchedule, make_schedule, official_interval
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.coupled import CoupledSJDDecoder
 from sjd.decoders.sjd import SJDDecoder
-from sjd.decoders.tree import BranchingSJDDecoder
+from sjd.decoders.sjd_pac import SJDPACDecoder
 from sjd.harness.prompts import load_prompt_file
-from sjd.harness.provenance import make_generators
 from sjd.models.chameleon import ChameleonVocab
 from sjd.models.lumina import END_OF_LINE, GRID_PX, lumina_layout, size_token
 
@@ -102,7 +102,7 @@ class WindowRecorder:
     [
         SJDDecoder(window=16, schedule="official"),
         CoupledSJDDecoder(window=16, schedule="official"),
-        BranchingSJDDecoder(window=16, branches=2, branch_depth=1, schedule="official"),
+        SJDPACDecoder(window=16, branches=2, branch_depth=1, schedule="official"),
     ],
     ids=["sjd", "csjd", "tree"],
 )
@@ -117,7 +117,7 @@ def test_decoders_run_the_official_windows(toy, decoder):
         expected.append(schedule.width(committed, previous))
         previous, committed = committed, committed + take
     assert committed == toy.layout.n_tokens and schedule.width(committed, previous) == 0
-    if isinstance(decoder, BranchingSJDDecoder):  # siblings and lead-in count in the window
+    if isinstance(decoder, SJDPACDecoder):  # siblings and lead-in count in the window
         assert all(w <= e for w, e in zip(recorder.widths, expected)) and len(recorder.widths) == len(expected)
     else:
         assert recorder.widths == expected

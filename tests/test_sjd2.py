@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd2 import SJD2Decoder
 from sjd.harness.prompts import load_prompt_file
-from sjd.harness.provenance import make_generators
 from sjd.sjd2.toy import ToySJD2Adapter
 from sjd.sjd2.toy_net import N_LEVELS, load_noise_aware
 from sjd.toy.model import TEXT_CONTEXT

@@ -12,10 +12,10 @@ import test_adapter_emu3 as emu
 import torch
 
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.sjd2 import SJD2Decoder
-from sjd.harness.provenance import make_generators
 from sjd.models.emu3 import Emu3Adapter
 from sjd.models.lumina import LuminaAdapter
 from sjd.sjd2.emu3 import Emu3SJD2Adapter

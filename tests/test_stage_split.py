@@ -9,8 +9,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.stages import STAGES, StageClock
-from sjd.harness.provenance import make_generators
 from sjd.harness.results import STAGE_COLUMNS, summarize
 from sjd.types import Prompt
 

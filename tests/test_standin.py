@@ -16,9 +16,9 @@ from hydra.utils import instantiate
 from safetensors.torch import load_file
 
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
-from sjd.harness.provenance import make_generators
-from sjd.models.standin import StandinLlamaGenAdapter, StandinLuminaAdapter
+from sjd.standin.adapter import StandinLlamaGenAdapter, StandinLuminaAdapter
 from sjd.standin.procedural import ProceduralImages, Theme, all_themes
 from sjd.standin.training import TrainSettings, code_loss, llamagen_batch, llamagen_code_loss, make_batch
 from sjd.types import Prompt

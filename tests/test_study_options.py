@@ -12,10 +12,10 @@ from omegaconf import OmegaConf
 
 from sjd.audit.in_run import audit_decoders
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.harness.prompts import load_prompt_set
-from sjd.harness.provenance import make_generators
 from sjd.harness.runner import config_fingerprint, run
 
 MICRO = ["model=micro", "decoder.window=4", "eval=none", "results_csv=null", "warmup=0", "logger=csv"]

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
-from sjd.harness.provenance import make_generators
 from sjd.toy.scenes import COLOURS, scene_batch
 from sjd.toy.tokenizer import ToyVocab, decode_codes, dominant_colours, encode_image
 from sjd.types import Prompt

@@ -9,11 +9,11 @@ from scipy.stats import chisquare
 
 from sjd.audit.stats import draw_samples
 from sjd.core.sampling import SamplingConfig, sample_from
+from sjd.core.seeding import make_generators
 from sjd.core.verify import accept_tests, residual
 from sjd.decoders.ar import ARDecoder
-from sjd.decoders.tree import BranchingSJDDecoder, draw_siblings, verify_siblings
+from sjd.decoders.sjd_pac import SJDPACDecoder, draw_siblings, verify_siblings
 from sjd.harness.prompts import load_prompt_file
-from sjd.harness.provenance import make_generators
 from sjd.models.micro import MicroAdapter
 from sjd.types import Prompt
 
@@ -74,12 +74,12 @@ def test_recursive_rejection_over_siblings_samples_p_and_accepts_more_often():
 @pytest.mark.parametrize("window,branches,depth", [(16, 2, 3), (64, 4, 3)])  # (64, 4, 1): csjd_tree.yaml
 def test_greedy_branching_equals_greedy_ar(toy, one_thread, window, branches, depth):
     ar = ARDecoder().generate(toy, PROMPTS[:2], GREEDY, gens(PROMPTS[:2]))
-    tree = BranchingSJDDecoder(window=window, branches=branches, branch_depth=depth)
+    tree = SJDPACDecoder(window=window, branches=branches, branch_depth=depth)
     assert torch.equal(tree.generate(toy, PROMPTS[:2], GREEDY, gens(PROMPTS[:2])).tokens, ar.tokens)
 
 
 def test_sampled_rows_do_not_depend_on_their_batch_and_siblings_get_committed(toy, one_thread):
-    decoder = BranchingSJDDecoder(window=32, branches=4, branch_depth=2)
+    decoder = SJDPACDecoder(window=32, branches=4, branch_depth=2)
     batch = decoder.generate(toy, PROMPTS, SAMPLED, gens(PROMPTS))
     assert sum(batch.extras["branch_commits"]) > 0  # the sibling path ran
     for i, prompt in enumerate(PROMPTS):
@@ -95,7 +95,7 @@ def test_sampled_rows_do_not_depend_on_their_batch_and_siblings_get_committed(to
 def test_siblings_are_committed_on_the_micro_model_at_the_audits_settings(one_thread):
     """Otherwise the audit below would not exercise the sibling path."""
     adapter = MicroAdapter()
-    decoder = BranchingSJDDecoder(window=8, branches=3, branch_depth=2)
+    decoder = SJDPACDecoder(window=8, branches=3, branch_depth=2)
     sampling = SamplingConfig(cfg_scale=2.0)
     prompts = [type(PROMPTS[0])(f"d{i}", "a") for i in range(300)]
     result = decoder.generate(adapter, prompts, sampling, gens(prompts))
@@ -130,7 +130,7 @@ def test_branching_decoders_pass_the_exact_audit(run_audit, overrides):
 
 def test_batch_one_and_batch_many_draw_the_same_audit_samples(one_thread):
     adapter = MicroAdapter()
-    decoder = BranchingSJDDecoder(window=8, branches=3, branch_depth=2)
+    decoder = SJDPACDecoder(window=8, branches=3, branch_depth=2)
     sampling = SamplingConfig(cfg_scale=2.0)
     one = draw_samples(decoder, adapter, sampling, "a", 40, 1, 0, "d")
     many = draw_samples(decoder, adapter, sampling, "a", 40, 20, 0, "d")
@@ -139,7 +139,7 @@ def test_batch_one_and_batch_many_draw_the_same_audit_samples(one_thread):
 
 def test_bad_branch_settings_name_the_key():
     with pytest.raises(ValueError, match="decoder.branches"):
-        BranchingSJDDecoder(branches=0)
+        SJDPACDecoder(branches=0)
 
 
 def test_the_window_4_audit_reaches_vertical_dist_draws_and_committed_siblings(monkeypatch, one_thread):
@@ -157,7 +157,7 @@ def test_the_window_4_audit_reaches_vertical_dist_draws_and_committed_siblings(m
     monkeypatch.setattr(sjd_module, "distribution_drafts", counting)
     n = 300
     prompts = [Prompt(str(i), "a") for i in range(n)]
-    decoder = BranchingSJDDecoder(window=4, branches=2, branch_depth=1)
+    decoder = SJDPACDecoder(window=4, branches=2, branch_depth=1)
     result = decoder.generate(MicroAdapter(), prompts, SamplingConfig(cfg_scale=2.0), gens(prompts))
     assert 0.5 < sum(draws) / n < 2
     assert 0.02 < sum(c > 0 for c in result.extras["branch_commits"]) / n < 0.2

@@ -3,7 +3,7 @@
 import torch
 
 from sjd.core.sampling import sample_from
-from sjd.core.verify import residual, verify
+from sjd.core.verify import accepted_prefix, residual, stop_slot, verify
 
 
 def _one_draft_trial(p_target, q_draft, n, seed):
@@ -61,3 +61,21 @@ def test_residual_falls_back_to_target_when_it_has_no_mass():
     p = torch.tensor([[0.25, 0.75]])
     torch.testing.assert_close(residual(p, p.clone()), p)
     torch.testing.assert_close(residual(p, torch.tensor([[1.0, 0.0]])), torch.tensor([[0.0, 1.0]]))
+
+
+def test_the_accepted_prefix_stops_at_the_first_failed_or_absent_draft():
+    passed = torch.tensor([[True, True, False, True], [True, True, True, True], [False, True, True, True]])
+    accepted, n = accepted_prefix(passed, torch.tensor([4, 2, 4]))
+    assert n.tolist() == [2, 2, 0]
+    assert accepted.tolist() == [[True, True, False, True], [True, True, False, False], [False, True, True, True]]
+
+
+def test_the_stop_slot_holds_the_rejected_drafts_q_or_nothing_at_the_bonus_slot():
+    p = torch.arange(2 * 3 * 2, dtype=torch.float).reshape(2, 3, 2)  # [B, D+1, V]
+    q = -torch.arange(2 * 2 * 2, dtype=torch.float).reshape(2, 2, 2) - 1  # [B, D, V]
+    p_at, q_at, has_draft = stop_slot(p, q, torch.tensor([1, 2]), torch.tensor([2, 2]))
+    assert torch.equal(p_at, torch.stack([p[0, 1], p[1, 2]]))
+    assert torch.equal(q_at, torch.stack([q[0, 1], torch.zeros(2)]))  # row 1 passed both: the bonus slot
+    assert has_draft.tolist() == [True, False]
+    p_at, q_at, has_draft = stop_slot(p[:, :1], q[:, :0], torch.tensor([0, 0]), torch.tensor([0, 0]))  # no drafts
+    assert torch.equal(p_at, p[:, 0]) and not q_at.any() and not has_draft.any()

@@ -20,7 +20,7 @@ from sjd.decoders.sjd import SJDDecoder
 class ResampleFromP(SJDDecoder):
     """FAULTY: a rejected draft's replacement is drawn from p instead of norm(max(0, p - q))."""
 
-    def accept(self, p, drafts, q, n_drafts, accept_uniforms, sample_uniforms) -> VerifyResult:
+    def accept(self, p, drafts, q, n_drafts, accept_uniforms, sample_uniforms, call) -> VerifyResult:
         rule = block_verify if self.verification == "block" else speculative_verify
         result = rule(p, drafts, q, n_drafts, accept_uniforms, sample_uniforms)
         rows = torch.arange(p.shape[0], device=p.device)

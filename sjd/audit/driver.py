@@ -22,9 +22,9 @@ from sjd.audit.stats import (
 )
 from sjd.audit.teacher_forced import audit_images
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import prompt_seed
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.base import Decoder
-from sjd.harness.provenance import prompt_seed
 from sjd.models.base import ModelAdapter
 from sjd.types import Prompt
 

@@ -19,8 +19,8 @@ import torch
 from scipy import stats
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs
+from sjd.core.seeding import make_generators
 from sjd.decoders.base import Decoder
-from sjd.harness.provenance import make_generators
 from sjd.models.base import ModelAdapter
 from sjd.types import Logits, Prompt
 

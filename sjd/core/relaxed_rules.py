@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from sjd.core.sampling import sample_from
-from sjd.core.verify import VerifyResult, residual
+from sjd.core.verify import VerifyResult, accepted_prefix, residual, stop_slot
 
 
 def neighbour_table(embeddings: torch.Tensor, free: torch.Tensor, k: int) -> torch.Tensor:
@@ -81,15 +81,9 @@ def relaxed_verify(
 ) -> VerifyResult:
     """sjd.core.verify with the test u * draft_mass < target_mass and, at the first rejection, the
     next token drawn from `on_reject` [B, D, V] (the bonus slot still samples p)."""
-    B, D = drafts.shape
-    valid = torch.arange(D, device=p.device)[None, :] < n_drafts[:, None]
-    accepted = (accept_uniforms * draft_mass < target_mass) & valid
-    n_accepted = accepted.long().cumprod(1).sum(1)
-    rows = torch.arange(B, device=p.device)
-    dist = p[rows, n_accepted]
-    if D:
-        rejected = (n_accepted < n_drafts)[:, None]
-        dist = torch.where(rejected, on_reject[rows, n_accepted.clamp(max=D - 1)], dist)
+    accepted, n_accepted = accepted_prefix(accept_uniforms * draft_mass < target_mass, n_drafts)
+    p_at, reject_at, rejected = stop_slot(p, on_reject, n_accepted, n_drafts)
+    dist = torch.where(rejected[:, None], reject_at, p_at)
     return VerifyResult(n_accepted, sample_from(dist, sample_uniforms), accepted)
 
 

@@ -11,6 +11,11 @@ Rows verify different numbers of drafts (`n_drafts[b]`); p has one more slot tha
 (the bonus). Everything stays on the device; the caller syncs once to read `n_accepted`.
 `accepted` keeps the per-draft test outcome for all positions, so decoders that continue
 verifying after the first rejection (SJD-PAC) or couple drafts (SCD) can build on it.
+
+Every rule here (token, block, exact match) and the relaxed and tree rules elsewhere end the same
+way, and that tail is written once: `accepted_prefix` turns per-draft outcomes into the accepted
+length, and `stop_slot` reads the target and the rejected draft's distribution at the slot where
+the window stops (the first rejection, or the bonus slot), from which the next token is drawn.
 """
 
 from __future__ import annotations
@@ -48,6 +53,29 @@ def residual(p: torch.Tensor, q: torch.Tensor, fallback: torch.Tensor | None = N
     return torch.where(mass > RESIDUAL_EPS, r / mass.clamp_min(RESIDUAL_EPS), p if fallback is None else fallback)
 
 
+def accepted_prefix(passed: torch.Tensor, n_drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-draft outcomes [B, D] limited to each row's `n_drafts` real drafts, and the accepted
+    length [B]: the drafts before the first failed (or absent) one."""
+    D = passed.shape[1]
+    accepted = passed & (torch.arange(D, device=passed.device)[None, :] < n_drafts[:, None])
+    return accepted, accepted.long().cumprod(1).sum(1)
+
+
+def stop_slot(
+    p: torch.Tensor, q: torch.Tensor, n_accepted: torch.Tensor, n_drafts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where the window stops (slot n_accepted of each row): the target there [B, V], the rejected
+    draft's distribution there [B, V] (zeros at the bonus slot, where every real draft passed), and
+    whether the slot holds a rejected draft [B]. p [B, D+1, V], q [B, D, V]."""
+    B, D = q.shape[:2]
+    rows = torch.arange(B, device=p.device)
+    p_at = p[rows, n_accepted]
+    if not D:
+        return p_at, torch.zeros_like(p_at), torch.zeros(B, dtype=torch.bool, device=p.device)
+    has_draft = n_accepted < n_drafts
+    return p_at, q[rows, n_accepted.clamp(max=D - 1)] * has_draft[:, None], has_draft
+
+
 def verify(
     p: torch.Tensor,
     drafts: torch.Tensor,
@@ -62,18 +90,9 @@ def verify(
     distributions, n_drafts [B] how many leading drafts of each row are real,
     accept_uniforms [B, D] and sample_uniforms [B] from each row's generator.
     """
-    B, D = drafts.shape
-    valid = torch.arange(D, device=p.device)[None, :] < n_drafts[:, None]
-    accepted = accept_tests(p, drafts, q, accept_uniforms) & valid
-    n_accepted = accepted.long().cumprod(1).sum(1)
-    rows = torch.arange(B, device=p.device)
-    p_at = p[rows, n_accepted]  # [B, V]
+    accepted, n_accepted = accepted_prefix(accept_tests(p, drafts, q, accept_uniforms), n_drafts)
     # At a rejection subtract the draft's q; at the bonus slot (n_accepted == n_drafts) nothing.
-    if D:
-        has_draft = (n_accepted < n_drafts).unsqueeze(1)
-        q_at = q[rows, n_accepted.clamp(max=D - 1)] * has_draft
-    else:
-        q_at = torch.zeros_like(p_at)
+    p_at, q_at, _ = stop_slot(p, q, n_accepted, n_drafts)
     next_token = sample_from(residual(p_at, q_at), sample_uniforms)
     return VerifyResult(n_accepted, next_token, accepted)
 
@@ -84,10 +103,7 @@ def exact_match_verify(samples: torch.Tensor, drafts: torch.Tensor, n_drafts: to
     samples [B, D+1] are one draw from p at every slot (argmax under greedy). Each committed
     token is the model's sample given an accepted prefix, so this is exact too, but a sampled
     draft rarely matches a fresh sample: it is the baseline that SJD improves on."""
-    B, D = drafts.shape
-    valid = torch.arange(D, device=drafts.device)[None, :] < n_drafts[:, None]
-    accepted = (drafts == samples[:, :D]) & valid
-    n_accepted = accepted.long().cumprod(1).sum(1)
+    accepted, n_accepted = accepted_prefix(drafts == samples[:, : drafts.shape[1]], n_drafts)
     next_token = samples.gather(1, n_accepted[:, None]).squeeze(1)
     return VerifyResult(n_accepted, next_token, accepted)
 
@@ -137,13 +153,8 @@ def block_verify(
     passes = accept_uniforms < h_at
     last_pass = D - passes.flip(1).long().argmax(1) if D else torch.zeros(B, dtype=torch.long, device=device)
     n_accepted = torch.where(passes.any(1), last_pass, 0)
+    p_at, q_at, has_draft = stop_slot(p, q, n_accepted, n_drafts)
     rows = torch.arange(B, device=device)
-    p_at = p[rows, n_accepted]
-    if D:
-        has_draft = (n_accepted < n_drafts).unsqueeze(1)
-        q_at = q[rows, n_accepted.clamp(max=D - 1)] * has_draft
-        weighted = torch.where(has_draft, w[rows, n_accepted].unsqueeze(1) * p_at, p_at)
-    else:
-        q_at, weighted = torch.zeros_like(p_at), p_at
+    weighted = torch.where(has_draft[:, None], w[rows, n_accepted].unsqueeze(1) * p_at, p_at)
     next_token = sample_from(residual(weighted, q_at, fallback=p_at), sample_uniforms)
     return VerifyResult(n_accepted, next_token, slot < n_accepted[:, None])

@@ -17,7 +17,7 @@ import torch
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_rows
 from sjd.decoders.stages import StageClock
 from sjd.models.base import ModelAdapter
-from sjd.types import WINDOW, Logits, Prompt
+from sjd.types import WINDOW, ImageLayout, Logits, Prompt
 
 
 @dataclass
@@ -146,6 +146,25 @@ class ForwardClock:
         return self._timed(self.adapter.forward_at, tokens, positions, keep, window_mask, transient)
 
 
+@dataclass
+class DecodeCall:
+    """What one generate() call works with. The phases of a decoder receive it (as gpt-fast's steps
+    receive `input_pos`), so the decoder object holds its settings and nothing of any one call."""
+
+    adapter: ModelAdapter
+    clock: ForwardClock
+    sampling: SamplingConfig
+    generators: Sequence[torch.Generator]
+
+    @property
+    def layout(self) -> ImageLayout:
+        return self.adapter.layout
+
+    @property
+    def device(self) -> torch.device:
+        return self.adapter.device
+
+
 class Decoder(ABC):
     name: str = "decoder"
     requires: frozenset[str] = frozenset()
@@ -159,10 +178,6 @@ class Decoder(ABC):
                 f"decoder {self.name!r} needs model capabilities {missing}, which model "
                 f"{adapter.name!r} does not provide (it has {sorted(adapter.capabilities)})"
             )
-
-    def _lap(self, stage: str) -> None:
-        """Marks a phase that ends inside a helper method; generate() points it at its clock's lap."""
-        return None  # outside generate() there is no clock
 
     def config(self) -> dict:
         """The decoder's settings, recorded in every results row."""

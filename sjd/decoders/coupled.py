@@ -1,7 +1,7 @@
 """Coupled speculative Jacobi decoding: SJD whose drafts stay put between iterations.
 
 SJD redraws every carried draft independently from the latest p at each iteration, so a
-position's draft changes almost every time (SCD reports ~94%) even when p barely moved, and
+position's draft changes almost every time (the SCD paper measures how often) even when p barely moved, and
 the positions after it see a new prefix again. A *coupling* keeps each new draft distributed
 exactly as p at its slot (its q, so verification stays exact) while making it equal to the old
 draft whenever it can (docs/algorithms.md §5):
@@ -33,15 +33,12 @@ the rejected draft is biased by the rejection, so `coupling` is one choice.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from sjd.core.sampling import sample_from
 from sjd.core.schedule import OFFICIAL_L
 from sjd.core.verify import VerifyResult, residual
-from sjd.decoders.sjd import SJDDecoder, WindowState
-from sjd.types import ImageLayout
+from sjd.decoders.sjd import SJDDecoder, WindowCall, WindowState
 
 COUPLINGS = ("none", "gumbel", "maximal")
 
@@ -66,14 +63,14 @@ class CoupledSJDDecoder(SJDDecoder):
         )
         self.coupling = coupling
 
-    def begin(self, state: WindowState, layout: ImageLayout, generators: Sequence[torch.Generator]) -> None:
+    def begin(self, state: WindowState, call: WindowCall) -> None:
         if self.coupling != "gumbel":
             return
         # One Gumbel vector per (row, generated position), from the row's own generator so a
-        # row's tokens do not depend on the rest of the batch. Memory: B x N x V floats (about
-        # 0.6 GB per row on Lumina-mGPT; fine on a GPU, stated in conf/decoder/csjd.yaml).
-        N, V, device = layout.n_tokens, layout.vocab_size, state.tokens.device
-        u = torch.stack([torch.rand(N + 1, V, generator=g, device=device) for g in generators])
+        # row's tokens do not depend on the rest of the batch. Memory: B x N x V floats (stated
+        # in conf/decoder/csjd.yaml).
+        N, V, device = call.layout.n_tokens, call.layout.vocab_size, state.tokens.device
+        u = torch.stack([torch.rand(N + 1, V, generator=g, device=device) for g in call.generators])
         state.noise = -torch.log(-torch.log(u.clamp(1e-20, 1 - 1e-7)))
 
     def next_drafts(

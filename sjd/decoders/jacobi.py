@@ -10,14 +10,12 @@ commit become the next drafts, as in SJD.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from sjd.core.sampling import sample_from
 from sjd.core.schedule import OFFICIAL_L
 from sjd.core.verify import VerifyResult, exact_match_verify
-from sjd.decoders.sjd import SJDDecoder, draw_uniforms
+from sjd.decoders.sjd import SJDDecoder, WindowCall, WindowState, draw_uniforms
 
 
 class JacobiDecoder(SJDDecoder):
@@ -50,11 +48,11 @@ class JacobiDecoder(SJDDecoder):
         drafts: torch.Tensor,
         q: torch.Tensor,
         widths: list[int],
-        generators: Sequence[torch.Generator],
         positions: torch.Tensor,
-        state: object,
+        state: WindowState,
+        call: WindowCall,
     ) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
         n_drafts = torch.tensor([max(w - 1, 0) for w in widths], device=p.device)
-        _, u_sample = draw_uniforms(generators, widths, p.shape[1], p.device)
+        _, u_sample = draw_uniforms(call.generators, widths, p.shape[1], p.device)
         samples = sample_from(p, u_sample)
         return exact_match_verify(samples, drafts, n_drafts), samples, p

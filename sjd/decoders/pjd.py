@@ -147,7 +147,6 @@ class PJDDecoder(Decoder):
     ) -> DecodeResult:
         layout, device, B = adapter.layout, adapter.device, len(prompts)
         clock = ForwardClock(adapter)
-        self._lap = clock.lap
 
         first_tokens = clock.start(prompts, sampling, generators)
         states = [self._initial_state(layout, first_tokens[b], device) for b in range(B)]
@@ -164,7 +163,7 @@ class PJDDecoder(Decoder):
             for b, (s, plan) in enumerate(zip(states, plans)):
                 if not plan:
                     continue
-                s.accepted.append(self.verify_and_commit(s, plan, p[b], layout, generators[b]))
+                s.accepted.append(self.verify_and_commit(s, plan, p[b], layout, generators[b], clock))
                 clock.lap("verify")  # the last segment's next drafts
                 self.mark_written(s, plan, positions[b], tokens[b])
                 n_forward[b] += 1
@@ -305,10 +304,38 @@ class PJDDecoder(Decoder):
         predicted = torch.where(positions >= 0, positions + 1, layout.n_tokens).clamp(max=layout.n_tokens)
         return logits_to_probs(logits, predicted.to(logits.cond.device), layout, sampling)
 
+    def next_drafts(
+        self, seg: Segment, p_seg: torch.Tensor, uniforms: torch.Tensor, n: int, n_acc: int, take: int, end: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drafts and their q for the segment's slots take .. end-1 after a commit of its n drafts: the
+        Jacobi update, except that a draft past the first rejection stays if min(1, p/q) exceeds the
+        keep threshold."""
+        samples = sample_from(p_seg, uniforms)
+        j = torch.arange(take, end)
+        new_d, new_q = samples[j], p_seg[j]
+        old = j[j < n]
+        if n_acc < n and len(old):  # drafts past the first rejection
+            ratio = p_seg[old].gather(1, seg.drafts[old, None]).squeeze(1) / seg.q[old].gather(
+                1, seg.drafts[old, None]
+            ).squeeze(1).clamp_min(1e-30)
+            keep = ratio.clamp(max=1.0) > self.keep_threshold
+            keep[old == n_acc] = False  # the rejected slot itself takes the model's sample
+            k = torch.arange(len(old))[keep]
+            new_d[k] = seg.drafts[old[keep]]
+            new_q[k] = seg.q[old[keep]]
+        return new_d, new_q
+
     def verify_and_commit(
-        self, s: RowState, plan: list[Segment], p: torch.Tensor, layout: ImageLayout, generator: torch.Generator
+        self,
+        s: RowState,
+        plan: list[Segment],
+        p: torch.Tensor,
+        layout: ImageLayout,
+        generator: torch.Generator,
+        clock: ForwardClock,
     ) -> int:
-        """Speculative test of every row segment of one batch row; returns codes committed."""
+        """Speculative test of every row segment of one batch row; returns codes committed. The
+        segments' verify and commit stages are timed on `clock` as they alternate."""
         w, committed_now = layout.width, 0
         top = min((seg.row for seg in plan if seg.row >= 0), default=-1)
         i = 0
@@ -329,7 +356,7 @@ class PJDDecoder(Decoder):
                 u[0, n, None],
             )
             n_acc = int(result.n_accepted)
-            self._lap("verify")  # a segment's next drafts are timed with the next lap's verify
+            clock.lap("verify")  # a segment's next drafts are timed with the next lap's verify
             col = s.done[r]
             start = self._pos(layout, r, col)
             s.tokens[start : start + n_acc] = seg.drafts[:n_acc]
@@ -339,22 +366,8 @@ class PJDDecoder(Decoder):
                 take += 1
             s.committed[start : start + take] = True
             s.done[r] = col + take
-            self._lap("commit")
-            # Next drafts for the slots after the commit (Jacobi update with the keep threshold).
-            samples = sample_from(p_seg, u[1])
-            j = torch.arange(take, min(n + 1, w - col))
-            new_d, new_q = samples[j], p_seg[j]
-            old = j[j < n]
-            if n_acc < n and len(old):  # drafts past the first rejection
-                ratio = p_seg[old].gather(1, seg.drafts[old, None]).squeeze(1) / seg.q[old].gather(
-                    1, seg.drafts[old, None]
-                ).squeeze(1).clamp_min(1e-30)
-                keep = ratio.clamp(max=1.0) > self.keep_threshold
-                keep[old == n_acc] = False  # the rejected slot itself takes the model's sample
-                k = torch.arange(len(old))[keep]
-                new_d[k] = seg.drafts[old[keep]]
-                new_q[k] = seg.q[old[keep]]
-            s.carried[r], s.carried_q[r] = new_d, new_q
+            clock.lap("commit")
+            s.carried[r], s.carried_q[r] = self.next_drafts(seg, p_seg, u[1], n, n_acc, take, min(n + 1, w - col))
             committed_now += take
             i += n_in
         return committed_now

@@ -14,7 +14,9 @@ Choices (conf/decoder/gsd.yaml, conf/decoder/lantern.yaml):
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -26,11 +28,12 @@ from sjd.core.relaxed_rules import (
     neighbour_table,
     relaxed_verify,
 )
+from sjd.core.sampling import SamplingConfig
 from sjd.core.schedule import OFFICIAL_L
 from sjd.core.verify import VerifyResult
-from sjd.decoders.sjd import SJDDecoder, WindowState
+from sjd.decoders.sjd import SJDDecoder, WindowCall
 from sjd.models.base import ModelAdapter
-from sjd.types import CODE_EMBEDDINGS, WINDOW, ImageLayout
+from sjd.types import CODE_EMBEDDINGS, WINDOW
 
 RULES = ("gsd", "lantern")
 
@@ -68,15 +71,26 @@ class RelaxedSJDDecoder(SJDDecoder):
         self.verification = "relaxed"  # recorded with the results: `acceptance` replaces SJD's rule
         self.acceptance, self.neighbours = acceptance, neighbours
         self.p_tol, self.rank_radius, self.delta = p_tol, rank_radius, delta
+        self._tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> neighbours_of(model)
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
-        self._table = neighbour_table(adapter.code_embeddings(), adapter.layout.free_tokens, self.neighbours)
+        self.neighbours_of(adapter)  # built at start-up, not in the first timed generate()
 
-    def begin(self, state: WindowState, layout: ImageLayout, generators: Sequence[torch.Generator]) -> None:
-        if not hasattr(self, "_table"):
-            raise RuntimeError(f"decoder {self.name!r}: call check(adapter) before generate (it builds the neighbours)")
-        self._table = self._table.to(state.tokens.device)
+    def neighbours_of(self, adapter: ModelAdapter) -> torch.Tensor:
+        """[V, neighbours] each code's nearest codes in the model's latent space. A function of this
+        decoder's settings and the model alone, so it is kept per model, for every call on it."""
+        table = self._tables.get(adapter)
+        if table is None:
+            table = neighbour_table(adapter.code_embeddings(), adapter.layout.free_tokens, self.neighbours)
+            self._tables[adapter] = table
+        return table
+
+    def new_call(
+        self, adapter: ModelAdapter, sampling: SamplingConfig, generators: Sequence[torch.Generator]
+    ) -> RelaxedCall:
+        call = super().new_call(adapter, sampling, generators)
+        return RelaxedCall(**vars(call), neighbours=self.neighbours_of(adapter).to(adapter.device))
 
     def accept(
         self,
@@ -86,11 +100,20 @@ class RelaxedSJDDecoder(SJDDecoder):
         n_drafts: torch.Tensor,
         accept_uniforms: torch.Tensor,
         sample_uniforms: torch.Tensor,
+        call: RelaxedCall,
     ) -> VerifyResult:
+        table = call.neighbours
         if self.acceptance == "gsd":
-            target, draft, _ = gsd_masses(p, q, drafts, self._table, self.p_tol, self.rank_radius)
+            target, draft, _ = gsd_masses(p, q, drafts, table, self.p_tol, self.rank_radius)
             on_reject = gsd_rejection(p, q)
         else:
-            target, draft, credited = lantern_masses(p, q, drafts, self._table, self.delta)
-            on_reject = lantern_rejection(p, drafts, self._table, credited)
+            target, draft, credited = lantern_masses(p, q, drafts, table, self.delta)
+            on_reject = lantern_rejection(p, drafts, table, credited)
         return relaxed_verify(p, drafts, q, n_drafts, accept_uniforms, sample_uniforms, target, draft, on_reject)
+
+
+@dataclass
+class RelaxedCall(WindowCall):
+    """A relaxed decoder's call: the latent neighbours its rule credits, on the model's device."""
+
+    neighbours: torch.Tensor

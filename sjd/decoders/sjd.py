@@ -28,7 +28,7 @@ Choices where the paper leaves room (all config, see conf/decoder/sjd.yaml):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +38,7 @@ from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
 from sjd.core.schedule import OFFICIAL_L, WindowSchedule, check_official_l, check_schedule, make_schedule
 from sjd.core.verify import VerifyResult, block_verify
 from sjd.core.verify import verify as speculative_verify
-from sjd.decoders.base import WINDOW_CAPABILITY, Decoder, DecodeResult, ForwardClock
+from sjd.decoders.base import WINDOW_CAPABILITY, DecodeCall, Decoder, DecodeResult, ForwardClock
 from sjd.models.base import ModelAdapter
 from sjd.types import ImageLayout, Prompt
 
@@ -60,15 +60,11 @@ class SJDDecoder(Decoder):
         schedule: str = "harness",
         official_l: int = OFFICIAL_L,
     ) -> None:
-        if window < 1:
-            raise ValueError(f"decoder.window must be >= 1, got {window}")
+        check_window_settings(window, ar_prefix, ar_suffix, schedule)
         if init not in SCHEMES + DISTRIBUTION_SCHEMES:
             raise ValueError(f"decoder.init must be one of {SCHEMES + DISTRIBUTION_SCHEMES}, got {init!r}")
-        if ar_prefix < 1 or ar_suffix < 0:
-            raise ValueError(f"decoder.ar_prefix must be >= 1 and decoder.ar_suffix >= 0, got {ar_prefix}, {ar_suffix}")
         if verification not in VERIFICATIONS:
             raise ValueError(f"decoder.verification must be one of {VERIFICATIONS}, got {verification!r}")
-        check_schedule(schedule)
         check_official_l(official_l)
         self.name, self.window, self.init = name, window, init
         self.ar_prefix, self.ar_suffix = ar_prefix, ar_suffix
@@ -83,6 +79,12 @@ class SJDDecoder(Decoder):
             self.schedule, self.window, self.ar_prefix, self.ar_suffix, adapter.layout, family, self.official_l
         )
 
+    def new_call(
+        self, adapter: ModelAdapter, sampling: SamplingConfig, generators: Sequence[torch.Generator]
+    ) -> WindowCall:
+        """Everything one generate() call works with: a fresh clock and the window rule on this model."""
+        return WindowCall(adapter, ForwardClock(adapter), sampling, generators, self.window_schedule(adapter))
+
     @staticmethod
     def widths(schedule: WindowSchedule, state: WindowState) -> list[int]:
         """Forward inputs for each row this iteration (0 for a complete row)."""
@@ -91,11 +93,7 @@ class SJDDecoder(Decoder):
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
         self.window_schedule(adapter)  # an unknown official family fails at start-up
-        if self.window > adapter.layout.n_tokens:
-            raise ValueError(
-                f"decoder.window={self.window} is larger than the {adapter.layout.n_tokens} tokens "
-                f"of a {adapter.name} image"
-            )
+        check_window_fits(self.window, adapter)
 
     def generate(
         self,
@@ -104,21 +102,15 @@ class SJDDecoder(Decoder):
         sampling: SamplingConfig,
         generators: Sequence[torch.Generator],
     ) -> DecodeResult:
-        layout, device, B = adapter.layout, adapter.device, len(prompts)
-        clock = ForwardClock(adapter)
-        state = self.new_state(B, layout, device)
-        schedule = self.window_schedule(adapter)
-
-        state.tokens[:, 0] = clock.start(prompts, sampling, generators)  # prefill: the first token as in AR
-        for b in range(B):  # where position 0 is a code (LlamaGen), the row below may draw from its p
-            state.remember_p(b, 0, clock.first_p[b : b + 1])
-        self.begin(state, layout, generators)
+        call = self.new_call(adapter, sampling, generators)
+        clock, layout, device = call.clock, call.layout, call.device
+        state = self.start(call, prompts)
 
         while True:
-            widths = self.widths(schedule, state)
+            widths = self.widths(call.schedule, state)
             if max(widths) == 0:
                 break
-            inputs, drafts, q = self.draft(state, widths, layout, generators)
+            inputs, drafts, q = self.draft(state, widths, call)
             clock.lap("draft")
             # Output i of row b predicts position committed[b] + i.
             logits = clock.forward(inputs, [n - 1 for n in state.committed])
@@ -127,7 +119,7 @@ class SJDDecoder(Decoder):
             )
             p = logits_to_probs(logits, positions, layout, sampling)
             clock.lap("pipeline")
-            result, samples, samples_q = self.verify(p, drafts, q, widths, generators, positions, state)
+            result, samples, samples_q = self.verify(p, drafts, q, widths, positions, state, call)
             clock.lap("verify")
             state.commit(result, drafts, samples, p, widths, samples_q)
             clock.lap("commit")
@@ -135,18 +127,28 @@ class SJDDecoder(Decoder):
         return clock.finish(state.tokens, state.n_forward, state.accepted)
 
     # -- phases --------------------------------------------------------------------------------------
+    def start(self, call: WindowCall, prompts: Sequence[Prompt]) -> WindowState:
+        """Prefill and the first token as in AR, then the decoder's own per-call set-up (`begin`)."""
+        state = self.new_state(len(prompts), call.layout, call.device)
+        state.tokens[:, 0] = call.clock.start(prompts, call.sampling, call.generators)
+        for b in range(len(prompts)):  # where position 0 is a code (LlamaGen), the row below may draw from its p
+            state.remember_p(b, 0, call.clock.first_p[b : b + 1])
+        self.begin(state, call)
+        return state
+
     def new_state(self, B: int, layout: ImageLayout, device: torch.device) -> WindowState:
         """Empty per-row state; vertical_dist drafts also need the last row_stride committed p."""
         keep_p = layout.row_stride if self.init in DISTRIBUTION_SCHEMES else 0
         return WindowState.empty(B, layout.n_tokens, layout.vocab_size, device, keep_p)
 
-    def begin(self, state: WindowState, layout: ImageLayout, generators: Sequence[torch.Generator]) -> None:
+    def begin(self, state: WindowState, call: WindowCall) -> None:
         """Per-call set-up after the first token (coupled decoders draw their noise tables here)."""
 
     def draft(
-        self, state: WindowState, widths: list[int], layout: ImageLayout, generators: Sequence[torch.Generator]
+        self, state: WindowState, widths: list[int], call: WindowCall
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Window inputs [B, W] = [last committed, drafts...], drafts [B, W-1] and their q."""
+        layout, generators = call.layout, call.generators
         B, W, V, device = len(widths), max(widths), layout.vocab_size, state.tokens.device
         drafts = torch.zeros(B, W - 1, dtype=torch.long, device=device)
         q = torch.zeros(B, W - 1, V, device=device)
@@ -187,15 +189,15 @@ class SJDDecoder(Decoder):
         drafts: torch.Tensor,
         q: torch.Tensor,
         widths: list[int],
-        generators: Sequence[torch.Generator],
         positions: torch.Tensor,
         state: WindowState,
+        call: WindowCall,
     ) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
         """Speculative rule (sjd.core.verify), plus one new draft per slot and its q (`next_drafts`)."""
         n_drafts = torch.tensor([max(w - 1, 0) for w in widths], device=p.device)
-        u_accept, u_jacobi = draw_uniforms(generators, widths, p.shape[1], p.device)
+        u_accept, u_jacobi = draw_uniforms(call.generators, widths, p.shape[1], p.device)
         u_final = u_accept.gather(1, n_drafts[:, None]).squeeze(1)  # each row's own last uniform
-        result = self.accept(p, drafts, q, n_drafts, u_accept[:, :-1], u_final)
+        result = self.accept(p, drafts, q, n_drafts, u_accept[:, :-1], u_final, call)
         samples, samples_q = self.next_drafts(p, drafts, q, n_drafts, result, u_jacobi, positions, state)
         return result, samples, samples_q
 
@@ -207,6 +209,7 @@ class SJDDecoder(Decoder):
         n_drafts: torch.Tensor,
         accept_uniforms: torch.Tensor,
         sample_uniforms: torch.Tensor,
+        call: WindowCall,
     ) -> VerifyResult:
         """The acceptance rule: exact speculative sampling, token by token or for the block as a
         whole (relaxed decoders replace it)."""
@@ -229,6 +232,29 @@ class SJDDecoder(Decoder):
         SJD draws them from p independently of the old drafts (the Jacobi update); coupled
         decoders (sjd.decoders.coupled) correlate them with the old ones."""
         return sample_from(p, uniforms), p
+
+
+@dataclass
+class WindowCall(DecodeCall):
+    """A window decoder's call: its window rule on this model too."""
+
+    schedule: WindowSchedule
+
+
+def check_window_settings(window: int, ar_prefix: int, ar_suffix: int, schedule: str) -> None:
+    """The window settings every window decoder takes, checked when it is built."""
+    if window < 1:
+        raise ValueError(f"decoder.window must be >= 1, got {window}")
+    if ar_prefix < 1 or ar_suffix < 0:
+        raise ValueError(f"decoder.ar_prefix must be >= 1 and decoder.ar_suffix >= 0, got {ar_prefix}, {ar_suffix}")
+    check_schedule(schedule)
+
+
+def check_window_fits(window: int, adapter: ModelAdapter) -> None:
+    if window > adapter.layout.n_tokens:
+        raise ValueError(
+            f"decoder.window={window} is larger than the {adapter.layout.n_tokens} tokens of a {adapter.name} image"
+        )
 
 
 @dataclass
@@ -276,23 +302,34 @@ class WindowState:
         p: torch.Tensor,
         widths: list[int],
         samples_q: torch.Tensor | None = None,
+        end_row: Callable[[int, int, int], int] | None = None,
     ) -> None:
         """Accepted drafts + the next token; the later samples carry over with their q, which is
-        p unless a coupled decoder says otherwise (one host sync)."""
+        p unless a coupled decoder says otherwise (one host sync). `widths[b]` is how many window
+        slots of row b hold samples (0: the row is complete). `end_row(b, n, n_accepted)` writes
+        what follows row b's accepted drafts and returns how many tokens the forward commits in
+        all (default `end_with_next_token`); the branching decoder commits a sibling there."""
         samples_q = p if samples_q is None else samples_q
         for b, n_acc in enumerate(result.n_accepted.tolist()):
             if widths[b] == 0:
                 continue
             n = self.committed[b]
             self.tokens[b, n : n + n_acc] = drafts[b, :n_acc]
-            self.tokens[b, n + n_acc] = result.next_token[b]
-            take = n_acc + 1
-            self.remember_p(b, n, p[b, :take])
+            self.remember_p(b, n, p[b, : n_acc + 1])  # the accepted drafts' and the next token's p
+            if end_row is None:
+                take = self.end_with_next_token(b, n, n_acc, result.next_token[b], p[b, n_acc])
+            else:
+                take = end_row(b, n, n_acc)
             self.previous[b], self.committed[b] = n, n + take
             self.carried[b], self.carried_q[b] = samples[b, take : widths[b]], samples_q[b, take : widths[b]]
-            self.last_p[b] = p[b, n_acc]  # the residual's source; its arg-max is what sample_horizon wants
             self.accepted[b].append(take)
             self.n_forward[b] += 1
+
+    def end_with_next_token(self, b: int, n: int, n_acc: int, token: torch.Tensor, p: torch.Tensor) -> int:
+        """The usual end of a commit: the residual (or bonus) token after the accepted drafts, drawn from p."""
+        self.tokens[b, n + n_acc] = token
+        self.last_p[b] = p  # the residual's source; its arg-max is what sample_horizon wants
+        return n_acc + 1
 
 
 def draw_uniforms(

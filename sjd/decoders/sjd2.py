@@ -26,16 +26,37 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
-from sjd.core.schedule import OFFICIAL_L
+from sjd.core.schedule import OFFICIAL_L, WindowSchedule, check_official_l, make_schedule
+from sjd.core.verify import VerifyResult
 from sjd.core.verify import verify as speculative_verify
 from sjd.decoders.base import Decoder, DecodeResult, ForwardClock
-from sjd.decoders.sjd import SJDDecoder, WindowState, draw_uniforms
+from sjd.decoders.sjd import (
+    SJDDecoder,
+    WindowCall,
+    WindowState,
+    check_window_fits,
+    check_window_settings,
+    draw_uniforms,
+)
 from sjd.models.base import ModelAdapter
 from sjd.types import EMBEDS, WINDOW, Prompt
+
+
+@dataclass
+class NoisyWindow:
+    """One forward's inputs: tokens and the noise level each slot enters at, and the drafts verified."""
+
+    tokens: torch.Tensor  # [B, W] ids (embedded clean, or mixed with noise at their level)
+    levels: torch.Tensor  # [B, W] noise level per slot (0 = clean)
+    noise: torch.Tensor  # [B, W, D] Gaussian noise per slot
+    drafts: torch.Tensor  # [B, W-1] the drafts verified: carried ones, then forced slots right after them
+    q: torch.Tensor  # [B, W-1, V] their draft distributions
+    n_drafts: torch.Tensor  # [B]
 
 
 class SJD2Decoder(Decoder):
@@ -55,11 +76,10 @@ class SJD2Decoder(Decoder):
     ) -> None:
         if denoise_steps < 1:
             raise ValueError(f"decoder.denoise_steps must be >= 1, got {denoise_steps}")
-        # SJD's window rules (and their validation); SJD2's official code is unreleased, and its authors'
-        # SJD sampler is the one it extends, so `official` is SJD's rule (sjd.core.schedule).
-        self._windows = SJDDecoder(
-            window=window, ar_prefix=ar_prefix, ar_suffix=ar_suffix, schedule=schedule, official_l=official_l
-        )
+        # SJD's window rules; SJD2's official code is unreleased, and its authors' SJD sampler is the one
+        # it extends, so `official` is SJD's rule (sjd.core.schedule).
+        check_window_settings(window, ar_prefix, ar_suffix, schedule)
+        check_official_l(official_l)
         self.name, self.window, self.denoise_steps = name, window, denoise_steps
         self.ar_prefix, self.ar_suffix, self.schedule, self.official_l = ar_prefix, ar_suffix, schedule, official_l
         self.forced_drafts = forced_drafts
@@ -74,7 +94,14 @@ class SJD2Decoder(Decoder):
                 "Emu3 model=lumina_sjd2 / emu3_sjd2 (scripts/finetune_sjd2_hf.py makes theirs)"
             )
         super().check(adapter)
-        self._windows.check(adapter)
+        self.window_schedule(adapter)  # an unknown official family fails at start-up
+        check_window_fits(self.window, adapter)
+
+    def window_schedule(self, adapter: ModelAdapter) -> WindowSchedule:
+        family = adapter.official_schedule
+        return make_schedule(
+            self.schedule, self.window, self.ar_prefix, self.ar_suffix, adapter.layout, family, self.official_l
+        )
 
     def next_level(self, level: torch.Tensor, pure_noise: int) -> torch.Tensor:
         step = math.ceil(pure_noise / self.denoise_steps)
@@ -88,66 +115,82 @@ class SJD2Decoder(Decoder):
         generators: Sequence[torch.Generator],
     ) -> DecodeResult:
         layout, device, B = adapter.layout, adapter.device, len(prompts)
-        V, D, noise_level = layout.vocab_size, adapter.embed_dim, adapter.noise_levels - 1
-        clock = ForwardClock(adapter)
-        state = WindowState.empty(B, layout.n_tokens, V, device)
+        call = WindowCall(adapter, ForwardClock(adapter), sampling, generators, self.window_schedule(adapter))
+        clock = call.clock
+        state = WindowState.empty(B, layout.n_tokens, layout.vocab_size, device)
         levels = [torch.empty(0, dtype=torch.long, device=device)] * B  # of the carried drafts
-        forced = layout.forced.to(device)
-
-        schedule = self._windows.window_schedule(adapter)
         state.tokens[:, 0] = clock.start(prompts, sampling, generators)
 
         while True:
-            widths = SJDDecoder.widths(schedule, state)
+            widths = SJDDecoder.widths(call.schedule, state)
             if max(widths) == 0:
                 break
-            W = max(widths)
-            # -- draft: [last committed, carried drafts (noisy), forced tokens, pure noise] ------------
-            tokens = torch.zeros(B, W, dtype=torch.long, device=device)
-            in_levels = torch.full((B, W), noise_level, dtype=torch.long, device=device)
-            drafts = torch.zeros(B, max(W - 1, 0), dtype=torch.long, device=device)
-            q = torch.zeros(B, max(W - 1, 0), V, device=device)
-            n_drafts = torch.zeros(B, dtype=torch.long, device=device)
-            noise = torch.zeros(B, W, D, device=device)
-            for b in range(B):
-                n, w = state.committed[b], widths[b]
-                if w == 0:
-                    continue
-                tokens[b, 0], in_levels[b, 0] = state.tokens[b, n - 1], 0
-                k = min(len(state.carried[b]), w - 1)
-                tokens[b, 1 : 1 + k], in_levels[b, 1 : 1 + k] = state.carried[b][:k], levels[b][:k]
-                drafts[b, :k], q[b, :k] = state.carried[b][:k], state.carried_q[b][:k]
-                slot_forced = forced[n + k : n + w - 1]  # fresh slots: forced ones are known, clean
-                is_forced = (slot_forced >= 0) & self.forced_drafts  # else they enter as noise, like any fresh slot
-                tokens[b, 1 + k : w] = slot_forced.clamp(min=0)
-                in_levels[b, 1 + k : w] = torch.where(is_forced, 0, noise_level)
-                lead = int(is_forced.long().cumprod(0).sum())  # forced slots right after the drafts verify too
-                drafts[b, k : k + lead] = slot_forced[:lead]
-                q[b, k : k + lead] = torch.nn.functional.one_hot(slot_forced[:lead], V).float()
-                n_drafts[b] = k + lead
-                noise[b, :w] = torch.randn(w, D, generator=generators[b], device=device)
-            # -- forward the noisy window ----------------------------------------------------------------
-            embeds = adapter.embed(tokens, in_levels, noise)
+            win = self.draft(state, levels, widths, call)
+            embeds = adapter.embed(win.tokens, win.levels, win.noise)
             clock.lap("draft")
-            logits = clock.forward_embeds(embeds, in_levels, [n - 1 for n in state.committed])
-            positions = torch.as_tensor(state.committed, device=device)[:, None] + torch.arange(W, device=device)
+            logits = clock.forward_embeds(embeds, win.levels, [n - 1 for n in state.committed])
+            positions = torch.as_tensor(state.committed, device=device)[:, None] + torch.arange(
+                win.tokens.shape[1], device=device
+            )
             p = logits_to_probs(logits, positions, layout, sampling)
             clock.lap("pipeline")
-            # -- verify: speculative rule up to the first slot without a draft ---------------------------
-            u_accept, u_jacobi = draw_uniforms(generators, widths, W, device)
-            u_final = u_accept.gather(1, n_drafts[:, None]).squeeze(1)
-            result = speculative_verify(p, drafts, q, n_drafts, u_accept[:, :-1], u_final)
-            samples = sample_from(p, u_jacobi)
+            result, samples = self.verify(p, win, widths, call)
             clock.lap("verify")
-            # -- commit, and carry the model's samples one denoising step cleaner ------------------------
-            state.commit(result, drafts, samples, p, widths)
-            for b in range(B):
-                if widths[b] == 0:
-                    continue
-                take = state.accepted[b][-1]
-                old = in_levels[b, take + 1 : widths[b] + 1]  # the level each carried position entered at
-                old = torch.cat([old, torch.full((len(state.carried[b]) - len(old),), noise_level, device=device)])
-                levels[b] = self.next_level(old, noise_level)
+            state.commit(result, win.drafts, samples, p, widths)
+            self.carry_levels(state, levels, win, widths, adapter.noise_levels - 1)
             clock.lap("commit")
 
         return clock.finish(state.tokens, state.n_forward, state.accepted)
+
+    # -- phases --------------------------------------------------------------------------------------
+    def draft(self, state: WindowState, levels: list[torch.Tensor], widths: list[int], call: WindowCall) -> NoisyWindow:
+        """[last committed, carried drafts (noisy), forced tokens (clean), pure noise] per row."""
+        layout, device, B, W = call.layout, call.device, len(widths), max(widths)
+        V, D, noise_level = layout.vocab_size, call.adapter.embed_dim, call.adapter.noise_levels - 1
+        forced = layout.forced.to(device)
+        tokens = torch.zeros(B, W, dtype=torch.long, device=device)
+        in_levels = torch.full((B, W), noise_level, dtype=torch.long, device=device)
+        drafts = torch.zeros(B, max(W - 1, 0), dtype=torch.long, device=device)
+        q = torch.zeros(B, max(W - 1, 0), V, device=device)
+        n_drafts = torch.zeros(B, dtype=torch.long, device=device)
+        noise = torch.zeros(B, W, D, device=device)
+        for b in range(B):
+            n, w = state.committed[b], widths[b]
+            if w == 0:
+                continue
+            tokens[b, 0], in_levels[b, 0] = state.tokens[b, n - 1], 0
+            k = min(len(state.carried[b]), w - 1)
+            tokens[b, 1 : 1 + k], in_levels[b, 1 : 1 + k] = state.carried[b][:k], levels[b][:k]
+            drafts[b, :k], q[b, :k] = state.carried[b][:k], state.carried_q[b][:k]
+            slot_forced = forced[n + k : n + w - 1]  # fresh slots: forced ones are known, clean
+            is_forced = (slot_forced >= 0) & self.forced_drafts  # else they enter as noise, like any fresh slot
+            tokens[b, 1 + k : w] = slot_forced.clamp(min=0)
+            in_levels[b, 1 + k : w] = torch.where(is_forced, 0, noise_level)
+            lead = int(is_forced.long().cumprod(0).sum())  # forced slots right after the drafts verify too
+            drafts[b, k : k + lead] = slot_forced[:lead]
+            q[b, k : k + lead] = torch.nn.functional.one_hot(slot_forced[:lead], V).float()
+            n_drafts[b] = k + lead
+            noise[b, :w] = torch.randn(w, D, generator=call.generators[b], device=device)
+        return NoisyWindow(tokens, in_levels, noise, drafts, q, n_drafts)
+
+    @staticmethod
+    def verify(
+        p: torch.Tensor, win: NoisyWindow, widths: list[int], call: WindowCall
+    ) -> tuple[VerifyResult, torch.Tensor]:
+        """SJD's speculative rule up to the first slot without a draft; the model's samples everywhere."""
+        u_accept, u_jacobi = draw_uniforms(call.generators, widths, p.shape[1], p.device)
+        u_final = u_accept.gather(1, win.n_drafts[:, None]).squeeze(1)
+        result = speculative_verify(p, win.drafts, win.q, win.n_drafts, u_accept[:, :-1], u_final)
+        return result, sample_from(p, u_jacobi)
+
+    def carry_levels(
+        self, state: WindowState, levels: list[torch.Tensor], win: NoisyWindow, widths: list[int], noise_level: int
+    ) -> None:
+        """After the commit: each carried draft enters the next forward one denoising step cleaner."""
+        for b in range(len(widths)):
+            if widths[b] == 0:
+                continue
+            take = state.accepted[b][-1]
+            old = win.levels[b, take + 1 : widths[b] + 1]  # the level each carried position entered at
+            fill = torch.full((len(state.carried[b]) - len(old),), noise_level, device=old.device)
+            levels[b] = self.next_level(torch.cat([old, fill]), noise_level)

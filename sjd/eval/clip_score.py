@@ -1,7 +1,7 @@
 """CLIP score through torchmetrics' `CLIPScore`, with the backend chosen by config.
 
 Backends (`eval.clip.backend`):
-- `toy`: the toy CLIP (sjd/eval/toy_clip.py), so toy scores mean something;
+- `toy`: the toy CLIP (sjd/toy/clip.py), so toy scores mean something;
 - `hf`: a transformers CLIP from a local directory or hub id (SJD: openai/clip-vit-base-patch16,
   x100, images at 299). transformers 5.x returns a ModelOutput from `get_*_features`, which
   torchmetrics does not expect, so the model is wrapped to return the projected embeddings.
@@ -10,7 +10,7 @@ Backends (`eval.clip.backend`):
   file is already in the local Hugging Face cache, or `random` (tests). Nothing is downloaded:
   a missing file is an error naming the key, the path and how to fetch it. LANTERN's protocol
   (OpenAI CLIP ViT-B/32, raw cosine, images at 256, captions prefixed "A photo depicts ") is
-  `eval=coco_lantern`. open_clip needs torchvision (the `eval` extra; sjd/eval/torchvision_compat.py).
+  `eval=coco_lantern`. open_clip needs torchvision (the `eval` extra; sjd/torchvision_compat.py).
 Every backend is scored by torchmetrics' own code through a `(model, processor)` pair that
 exposes `get_image_features`/`get_text_features`: max(mean(100 * cos), 0) over the pairs.
 `eval.clip.scale` rescales it (0.01 = raw cosine).
@@ -29,7 +29,7 @@ from PIL import Image
 from torchmetrics.multimodal.clip_score import CLIPScore
 
 from sjd.eval.protocols import LOCAL_METRIC, preprocess
-from sjd.eval.toy_clip import ToyCLIPProcessor, load_toy_clip
+from sjd.toy.clip import ToyCLIPProcessor, load_toy_clip
 
 BACKENDS = ("toy", "hf", "open_clip")
 CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -85,7 +85,7 @@ class _OpenCLIPProcessor:
 
 
 def import_open_clip() -> ModuleType:
-    from sjd.eval.torchvision_compat import import_torchvision
+    from sjd.torchvision_compat import import_torchvision
 
     import_torchvision()  # open_clip imports torchvision at once; this makes that work on the CPU torch
     try:

@@ -1,7 +1,7 @@
 """FID through torchmetrics with a pluggable feature network, and cached reference statistics.
 
 Feature networks (`eval.fid.extractor`):
-- `toy`: the toy CLIP's 128-d image features (sjd/eval/toy_clip.py), trained on toy data;
+- `toy`: the toy CLIP's 128-d image features (sjd/toy/clip.py), trained on toy data;
 - `inception`: torchmetrics' Inception-v3 (torch-fidelity's port of the TensorFlow FID network
   that pytorch-fid also uses; 2048-d pool features). It needs `torch-fidelity` (the `eval` extra)
   and the weights file at `eval.fid.inception_weights`: torch-fidelity's
@@ -32,7 +32,7 @@ from torch import nn
 from torchmetrics.image.fid import FrechetInceptionDistance
 
 from sjd.eval.protocols import LOCAL_METRIC, preprocess
-from sjd.eval.toy_clip import load_toy_clip, to_pixel_values
+from sjd.toy.clip import load_toy_clip, to_pixel_values
 
 
 class ToyFeatures(nn.Module):

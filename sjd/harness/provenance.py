@@ -1,8 +1,9 @@
-"""Seeds and provenance recorded with every result: git hash, library versions, prompt hash."""
+"""Provenance recorded with every result: git hash, library versions, the run command, peak memory.
+
+The seeding helpers live in sjd.core.seeding; the two the runner uses are re-exported here."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import platform
 import resource
@@ -11,25 +12,10 @@ import sys
 
 import torch
 
+from sjd.core.seeding import prompt_seed, sample_generators  # noqa: F401 (the runner seeds through provenance)
 from sjd.harness.prompts import PROJECT_ROOT
 
 LIBRARIES = ("torch", "transformers", "hydra-core", "omegaconf", "numpy", "pandas", "safetensors")
-
-
-def prompt_seed(seed: int, prompt_id: str) -> int:
-    """A prompt's generator seed depends only on (run seed, prompt id): never on batch or order."""
-    digest = hashlib.sha256(f"{seed}:{prompt_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
-
-
-def make_generators(seed: int, prompt_ids: list[str], device: torch.device) -> list[torch.Generator]:
-    return [torch.Generator(device=device).manual_seed(prompt_seed(seed, pid)) for pid in prompt_ids]
-
-
-def sample_generators(seed: int, samples: list[tuple[str, int]], device: torch.device) -> list[torch.Generator]:
-    """Generators for (prompt id, seed index) samples: sample k of a prompt is seeded as that prompt
-    in a run with seed + k, so seeds_per_prompt=4 holds the samples of runs with seeds seed..seed+3."""
-    return [torch.Generator(device=device).manual_seed(prompt_seed(seed + k, pid)) for pid, k in samples]
 
 
 def run_command() -> str | None:

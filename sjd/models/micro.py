@@ -4,7 +4,8 @@ A randomly initialised Llama (seeded) over a handful of ids: specials, two capti
 `n_codes` image codes and the Lumina-style grammar (begin-of-image, end-of-line after every
 row, end-of-image). With a 2x2 grid of 3 codes there are 81 images, so the exact AR
 distribution is computable and a decoder's samples can be tested against it. The output
-head is scaled so that distributions are far from uniform, and CFG changes them.
+head is scaled so that distributions are far from uniform, and CFG changes them. Its SJD2 variant
+(the noise-aware input path) is sjd.sjd2.micro.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from sjd.models.causal_lm import CausalLMAdapter
-from sjd.sjd2.inputs import NoiseAwareLMInputs
-from sjd.sjd2.toy_net import NoiseAwareLM
 from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
 
 PAD, BOS, NULL, WORD_A, WORD_B = 0, 1, 2, 3, 4
@@ -90,16 +89,3 @@ class MicroAdapter(CausalLMAdapter):
         """[B, n_tokens] -> [B, height, width] code indices."""
         body = tokens[:, 1 : 1 + self.height * (self.width + 1)].reshape(-1, self.height, self.width + 1)
         return (body[..., : self.width] - FIRST_CODE).cpu()
-
-
-class MicroSJD2Adapter(NoiseAwareLMInputs, MicroAdapter):
-    """The micro model behind SJD2's noise-aware input path, with a random timestep embedding.
-
-    Nothing here is trained to denoise; it exists so that the audit can test the SJD2 loop's
-    exactness where it must hold (denoise_steps=1) and measure its distance otherwise."""
-
-    def __init__(self, time_scale: float = 0.5, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.model = NoiseAwareLM(self.model).eval().to(self.device)
-        with torch.no_grad():
-            self.model.time_embed.weight.normal_(0.0, time_scale)

@@ -1,11 +1,12 @@
-"""Branch drafting (SJD-PAC's proactive drafting, docs/algorithms.md §6) on coupled SJD.
+"""SJD-PAC: branch drafting (SJD-PAC's proactive drafting, docs/algorithms.md §6) on coupled SJD.
 
+The decoder of `decoder=sjd_pac` (the paper's settings) and `decoder=csjd_tree` (our combination).
 After a rejection, the draft right after the committed residual was drawn given the rejected
-token, and it is accepted with probability sum(min(p, q)) only (a third of coupled-SJD forwards
-on the toy model commit one token; experiment=toy_branch). So at the first `branch_depth` draft
-positions the window carries `branches` candidates instead of one: the chain draft c plus
-siblings s_1 .. s_{K-1} drawn *without replacement* from the same q. A sibling is a window
-slot at the chain draft's position that sees the chain before it and itself, nothing else.
+token, and it is accepted with probability sum(min(p, q)) only (experiment=toy_branch counts the
+forwards that commit a single token). So at the first `branch_depth` draft positions the window
+carries `branches` candidates instead of one: the chain draft c plus siblings s_1 .. s_{K-1}
+drawn *without replacement* from the same q. A sibling is a window slot at the chain draft's
+position that sees the chain before it and itself, nothing else.
 
 Verification at the chain's first rejection is recursive rejection sampling: c is tested
 against p with q; on rejection p <- norm(max(0, p - q)) and s_i is tested against that with
@@ -15,13 +16,14 @@ whose fallback is the next stage, so the committed token is distributed exactly 
 accepted sibling ends the chain, and its own output gives the next token exactly (a bonus):
 the chain's carried draft there is tested against it and kept if it passes, so the drafts
 after it, drawn given that draft, stay in step. Next drafts for the chain slots come from the
-coupling, as in CoupledSJDDecoder.
+coupling, as in CoupledSJDDecoder. A committed sibling is written through `WindowState.commit`'s
+`end_row` hook, so the rest of the commit is SJD's.
 
 Our choices (SJD-PAC's code is unreleased; its page gives depth 3, width 4):
 - `window` counts every forward input (lead-in, chain drafts, siblings): at the same window the
-  chain is shorter by the siblings, so comparisons with SJD are at equal forward width. On the
-  toy model that costs more than the siblings win: converged stretches are accepted 40-64 tokens
-  at a time, and those are the iterations where the siblings take the chain's tail.
+  chain is shorter by the siblings, so comparisons with SJD are at equal forward width. Where
+  long converged stretches are accepted at once, the slots the siblings take from the chain's
+  tail can cost more than the siblings win (experiment=toy_branch measures both).
 - Siblings go only where the chain draft's q is a distribution (a carried draft); a fresh
   one-hot draft has nothing to draw them from, and those slots go to the chain.
 - Sibling slots are transient in the cache; when one is committed, the next forward rewrites
@@ -37,10 +39,10 @@ import torch
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
 from sjd.core.schedule import OFFICIAL_L
-from sjd.core.verify import VerifyResult, accept_tests, residual
-from sjd.decoders.base import DecodeResult, ForwardClock
+from sjd.core.verify import VerifyResult, accept_tests, accepted_prefix, residual, stop_slot
+from sjd.decoders.base import DecodeResult
 from sjd.decoders.coupled import CoupledSJDDecoder
-from sjd.decoders.sjd import WindowState
+from sjd.decoders.sjd import WindowCall, WindowState
 from sjd.models.base import ModelAdapter
 from sjd.types import CUSTOM_MASK, WINDOW, ImageLayout, Prompt
 
@@ -64,7 +66,20 @@ class TreeWindow:
     has_sibling: torch.Tensor  # [B, D, K-1]
 
 
-class BranchingSJDDecoder(CoupledSJDDecoder):
+@dataclass
+class TreeVerdict:
+    """What verification of one tree window decided, per row."""
+
+    result: VerifyResult  # the chain's accepted length and the token after it (when no sibling is taken)
+    p_chain: torch.Tensor  # [B, C+1, V] p at the chain's slots
+    picked: torch.Tensor  # [B] the accepted sibling's index at the first rejection, -1 for none
+    sib_p: torch.Tensor  # [B, V] the accepted sibling's own next-token p (read only where one is)
+    bonus: torch.Tensor  # [B] the token after an accepted sibling
+    samples: torch.Tensor  # [B, C+1] next drafts for the chain slots
+    samples_q: torch.Tensor  # [B, C+1, V] their q
+
+
+class SJDPACDecoder(CoupledSJDDecoder):
     requires = frozenset({WINDOW, CUSTOM_MASK})
 
     def __init__(
@@ -95,30 +110,26 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
         sampling: SamplingConfig,
         generators: Sequence[torch.Generator],
     ) -> DecodeResult:
-        layout, device, B = adapter.layout, adapter.device, len(prompts)
-        clock = ForwardClock(adapter)
-        self._lap = clock.lap
-        state = self.new_state(B, layout, device)
-        schedule = self.window_schedule(adapter)
-        state.tokens[:, 0] = clock.start(prompts, sampling, generators)
-        for b in range(B):  # where position 0 is a code (LlamaGen), the row below may draw from its p
-            state.remember_p(b, 0, clock.first_p[b : b + 1])
-        self.begin(state, layout, generators)
+        call = self.new_call(adapter, sampling, generators)
+        clock, layout, device, B = call.clock, call.layout, call.device, len(prompts)
+        state = self.start(call, prompts)
         cached = [0] * B  # generated positions below cached[b] hold their committed token's K/V
         branch_commits = [0] * B  # forwards whose committed token was a sibling (reported in extras)
 
         while True:
-            widths = self.widths(schedule, state)
+            widths = self.widths(call.schedule, state)
             if max(widths) == 0:
                 break
-            win = self.build_window(state, cached, widths, layout, generators)
+            win = self.build_window(state, cached, widths, call)
             keep = torch.arange(layout.n_tokens, device=device)[None, :] < torch.tensor(cached, device=device)[:, None]
             clock.lap("draft")
             logits = clock.forward_at(win.tokens, win.positions, keep, win.mask, win.transient)
             predicted = torch.where(win.positions >= 0, win.positions + 1, layout.n_tokens).clamp(max=layout.n_tokens)
             p = logits_to_probs(logits, predicted.to(device), layout, sampling)
             clock.lap("pipeline")
-            self.verify_and_commit(state, cached, branch_commits, win, p, widths, generators)
+            verdict = self.verify_tree(state, win, p, call)
+            clock.lap("verify")
+            self.commit_tree(state, cached, branch_commits, win, verdict, widths)
             clock.lap("commit")
 
         result = clock.finish(state.tokens, state.n_forward, state.accepted)
@@ -148,10 +159,10 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
         state: WindowState,
         cached: list[int],
         widths: list[int],
-        layout: ImageLayout,
-        generators: Sequence[torch.Generator],
+        call: WindowCall,
     ) -> TreeWindow:
         """[lead-in: committed tokens to (re)write][chain drafts][siblings], per row."""
+        layout, generators = call.layout, call.generators
         B, V, device = len(widths), layout.vocab_size, state.tokens.device
         K1, D = self.branches - 1, self.branch_depth
         rows = []
@@ -199,35 +210,19 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
             tokens, positions, mask, transient, chain_slot, drafts, q, n_drafts, siblings, sibling_slot, has_sibling
         )
 
-    def verify_and_commit(
-        self,
-        state: WindowState,
-        cached: list[int],
-        branch_commits: list[int],
-        win: TreeWindow,
-        p: torch.Tensor,
-        widths: list[int],
-        generators: Sequence[torch.Generator],
-    ) -> None:
+    def verify_tree(self, state: WindowState, win: TreeWindow, p: torch.Tensor, call: WindowCall) -> TreeVerdict:
         """Chain tests; recursive rejection sampling over the siblings at the first rejection."""
         B, C, device = p.shape[0], win.drafts.shape[1], p.device
-        K1 = self.branches - 1
         rows = torch.arange(B, device=device)
         p_chain = p[rows[:, None], win.chain_slot.to(device)]  # [B, C+1, V]
-        u = draw_tree_uniforms(generators, win.n_drafts.tolist(), C, K1, device)
-        accepted = accept_tests(p_chain, win.drafts, win.q, u["accept"]) & (
-            torch.arange(C, device=device)[None, :] < win.n_drafts[:, None]
-        )
-        n_acc = accepted.long().cumprod(1).sum(1)
+        u = draw_tree_uniforms(call.generators, win.n_drafts.tolist(), C, self.branches - 1, device)
+        accepted, n_acc = accepted_prefix(accept_tests(p_chain, win.drafts, win.q, u["accept"]), win.n_drafts)
         # Target at the first rejection: p minus the chain draft's q (p itself at the bonus slot).
-        has_draft = n_acc < win.n_drafts
-        q_at = (
-            win.q[rows, n_acc.clamp(max=max(C - 1, 0))] * has_draft[:, None] if C else torch.zeros_like(p_chain[:, 0])
-        )
-        target = residual(p_chain[rows, n_acc], q_at)
+        p_at, q_at, has_draft = stop_slot(p_chain, win.q, n_acc, win.n_drafts)
+        target = residual(p_at, q_at)
         picked = torch.full((B,), -1, dtype=torch.long, device=device)
         sib_p = target  # the accepted sibling's own next-token distribution (read only where one is)
-        if K1 and self.branch_depth:
+        if self.branches > 1 and self.branch_depth:
             k = n_acc.clamp(max=self.branch_depth - 1)
             present = win.has_sibling.to(device)[rows, k] & ((n_acc < self.branch_depth) & has_draft)[:, None]
             chain_draft = win.drafts[rows, n_acc.clamp(max=max(C - 1, 0))] if C else torch.zeros_like(n_acc)
@@ -241,41 +236,44 @@ class BranchingSJDDecoder(CoupledSJDDecoder):
         samples, samples_q = self.next_drafts(
             p_chain, win.drafts, win.q, win.n_drafts, result, u["jacobi"], positions, state
         )
-        self._lap("verify")
+        return TreeVerdict(result, p_chain, picked, sib_p, bonus, samples, samples_q)
 
-        N = state.tokens.shape[1]
-        for b, (j, pick) in enumerate(zip(n_acc.tolist(), picked.tolist())):
-            if widths[b] == 0:
-                continue
-            n = state.committed[b]
-            state.tokens[b, n : n + j] = win.drafts[b, :j]
-            state.remember_p(b, n, p_chain[b, : j + 1])  # a sibling at n + j was drawn from p there too
-            if pick >= 0:
-                state.tokens[b, n + j] = win.siblings[b, j, pick]
-                take = j + 1
-                if n + take < N:
-                    state.tokens[b, n + take] = bonus[b]
-                    state.remember_p(b, n + take, sib_p[b : b + 1])  # the bonus was drawn from the sibling's p
-                    take += 1
-                state.last_p[b] = sib_p[b]
-                branch_commits[b] += 1
-            else:
-                state.tokens[b, n + j] = next_token[b]
-                take = j + 1
-                state.last_p[b] = p_chain[b, j]
+    def commit_tree(
+        self,
+        state: WindowState,
+        cached: list[int],
+        branch_commits: list[int],
+        win: TreeWindow,
+        verdict: TreeVerdict,
+        widths: list[int],
+    ) -> None:
+        """SJD's commit of the accepted chain; where a sibling was accepted, it and its bonus end the row."""
+        N, picked = state.tokens.shape[1], verdict.picked.tolist()
+
+        def end_row(b: int, n: int, j: int) -> int:
             cached[b] = n + j  # lead-in and accepted chain drafts were written with their tokens
-            state.previous[b], state.committed[b] = n, n + take
-            width = int(win.n_drafts[b]) + 1
-            state.carried[b], state.carried_q[b] = samples[b, take:width], samples_q[b, take:width]
-            state.accepted[b].append(take)
-            state.n_forward[b] += 1
+            if picked[b] < 0:
+                return state.end_with_next_token(b, n, j, verdict.result.next_token[b], verdict.p_chain[b, j])
+            state.tokens[b, n + j] = win.siblings[b, j, picked[b]]  # drawn from p at n + j, remembered with the chain
+            take = j + 1
+            if n + take < N:
+                state.tokens[b, n + take] = verdict.bonus[b]
+                state.remember_p(b, n + take, verdict.sib_p[b : b + 1])  # the bonus was drawn from the sibling's p
+                take += 1
+            state.last_p[b] = verdict.sib_p[b]
+            branch_commits[b] += 1
+            return take
+
+        # The chain's slots hold the next drafts: lead-in and sibling slots carry nothing.
+        spans = [n + 1 if w else 0 for n, w in zip(win.n_drafts.tolist(), widths)]
+        state.commit(verdict.result, win.drafts, verdict.samples, verdict.p_chain, spans, verdict.samples_q, end_row)
 
     @staticmethod
     def bonus_after_sibling(sib_p: torch.Tensor, win: TreeWindow, slot: torch.Tensor, u: dict) -> torch.Tensor:
         """The token after an accepted sibling, distributed as the sibling's own p: the chain's carried
         draft for that position is tested against it (kept if u * q(d) < p(d), else a residual sample).
         Sampling p afresh would be as exact, but the drafts after it were drawn given that carried
-        draft; keeping it when p allows keeps them in step (measured: fresh bonuses cost forwards)."""
+        draft; keeping it when p allows keeps them in step, which saves forwards."""
         B, C = win.drafts.shape
         if C == 0:
             return sample_from(sib_p, u["bonus"])
