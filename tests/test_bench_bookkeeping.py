@@ -67,3 +67,10 @@ def test_iterations_count_the_model_calls_of_the_decode_loop(toy, monkeypatch):
         toy, prompts, SamplingConfig(3.0, 1.0, 200), make_generators(0, ["a", "b"], toy.device)
     )
     assert calls and bookkeeping.row([bookkeeping.Decode(adapter_field[0], 2, result)])["iterations"] == len(calls)
+
+
+def test_bad_sizes_are_refused_naming_the_flag():
+    with pytest.raises(ValueError, match="--windows"):
+        bookkeeping.measure("toy", ["sjd"], windows=(0,), batches=(1,), n_batches=1)
+    with pytest.raises(ValueError, match="--model 'no_such_model'"):
+        bookkeeping.measure("no_such_model", ["sjd"], windows=(16,), batches=(1,), n_batches=1)

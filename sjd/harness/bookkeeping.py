@@ -159,6 +159,9 @@ def measure(
     say: Callable[[str], None] = print,
 ) -> pd.DataFrame:
     """The bookkeeping table (`table`) of one run: every runnable decoder x window x batch size."""
+    for flag, values in (("--prompts", [n_batches]), ("--windows", windows), ("--batches", batches)):
+        if not values or min(values) < 1:
+            raise ValueError(f"{flag} must be integers >= 1, got {list(values)}")
     adapter, sampling = build_model(model)
     field = entrants(decoder_configs(decoders), adapter, windows, say)
     if not any(e.name == "sjd" for e in field):
