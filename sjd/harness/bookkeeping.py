@@ -211,4 +211,6 @@ def table(decodes: list[Decode], windows: Sequence[int]) -> pd.DataFrame:
     out = pd.DataFrame(rows)
     sjd = out[out.decoder == "sjd"].set_index(["window", "batch"])["bookkeeping_ms"]
     out["bookkeeping_ratio"] = [ms / sjd[(w, b)] for ms, w, b in zip(out.bookkeeping_ms, out.window, out.batch)]
-    return out.sort_values(["batch", "window"], kind="stable")[COLUMNS].reset_index(drop=True)
+    first_round = list(dict.fromkeys(d.entrant.name for d in decodes))  # the decoders in their configs' order
+    out["order"] = out.decoder.map(first_round.index)
+    return out.sort_values(["batch", "window", "order"], kind="stable")[COLUMNS].reset_index(drop=True)
