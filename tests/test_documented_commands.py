@@ -54,7 +54,11 @@ from checkout_copy import checkout_copy, git
 ROOT = Path(__file__).resolve().parents[1]
 PREFIXES = ("python run.py", "python scripts/", "torchrun", "make")
 TINY = {"prompts.n": "2", "decoder.window": "4", "warmup": "0"}
-SCRIPT_ARGS = {"audit.py": ["n_samples=300"]}  # hydra overrides appended to a script at tiny size
+SCRIPT_ARGS = {  # arguments appended to a script at tiny size (hydra overrides, or flags where the last wins)
+    "audit.py": ["n_samples=300"],
+    "bench_bookkeeping.py": ["--model", "toy", "--prompts", "1", "--decoders", "ar,sjd", "--windows", "16",
+                             "--batches", "1"],
+}  # fmt: skip
 VENV = ".venv"  # the Makefile's VENV
 MAKE_STEPS = ("make run", "make test")  # what readme_venv stands in for
 BARE_ENV = {
@@ -103,7 +107,7 @@ REGISTRY = [
           "tests/test_configs.py::test_a_sweep_through_the_submitit_local_launcher_is_collected",
           ("collect_sweep.py",)),
     Entry(r"python run\.py( .*)?", "run"),  # any toy run: defaults, overrides, experiments, --multirun sweeps
-    Entry(r"python scripts/(paper_tables|audit)\.py( .*)?", "script"),
+    Entry(r"python scripts/(paper_tables|audit|bench_bookkeeping)\.py( .*)?", "script"),
 ]  # fmt: skip
 
 EXAMPLES = [
