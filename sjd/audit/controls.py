@@ -78,10 +78,10 @@ class LowPrecisionDrafts(SJDDecoder):
 
     def __init__(self, name: str = "low_precision_drafts", window: int = 4, dtype: str = "float8_e4m3fn", **kw):
         super().__init__(name, window, **kw)
-        self.dtype = getattr(torch, dtype)
+        self.draft_dtype = dtype  # a name, so the decoder's config() stays JSON
 
     def next_drafts(self, p, drafts, q, n_drafts, result, uniforms, positions, state) -> tuple:
-        low = p.to(self.dtype).float()
+        low = p.to(getattr(torch, self.draft_dtype)).float()
         return sample_from(low / low.sum(-1, keepdim=True), uniforms), p
 
 

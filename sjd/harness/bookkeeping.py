@@ -33,10 +33,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import sample_generators
 from sjd.decoders.base import Decoder, DecodeResult
 from sjd.decoders.stages import STAGES
 from sjd.harness.prompts import load_prompt_set
-from sjd.harness.provenance import sample_generators
 from sjd.models.base import ModelAdapter
 from sjd.types import Prompt
 

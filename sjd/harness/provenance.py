@@ -1,6 +1,5 @@
 """Provenance recorded with every result: git hash, library versions, the run command, peak memory.
-
-The seeding helpers live in sjd.core.seeding; the two the runner uses are re-exported here."""
+(Each prompt's seed is sjd.core.seeding's, which the audit shares.)"""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import sys
 
 import torch
 
-from sjd.core.seeding import prompt_seed, sample_generators  # noqa: F401 (the runner seeds through provenance)
 from sjd.harness.prompts import PROJECT_ROOT
 
 LIBRARIES = ("torch", "transformers", "hydra-core", "omegaconf", "numpy", "pandas", "safetensors")

@@ -41,6 +41,7 @@ from tqdm import tqdm
 
 from sjd.audit.in_run import audit_caption, audit_decoders, teacher_forced_batch, with_teacher_forced_audit
 from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import prompt_seed, sample_generators
 from sjd.decoders.base import Decoder, device_sync
 from sjd.harness import contention
 from sjd.harness.config_check import check_run_config
@@ -50,10 +51,8 @@ from sjd.harness.prompts import PromptSet, load_prompt_set, resolve_path
 from sjd.harness.provenance import (
     git_hash,
     peak_memory_mb,
-    prompt_seed,
     reset_peak_memory,
     run_command,
-    sample_generators,
     versions,
 )
 from sjd.harness.results import (
