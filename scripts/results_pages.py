@@ -25,9 +25,6 @@ def main() -> None:
         print(path)
     args.readme.write_text(reports.with_headline(args.readme.read_text(), reports.render_headline(args.results)))
     print(args.readme)
-    controls = reports.render_controls()
-    if controls:
-        print(controls)
 
 
 if __name__ == "__main__":

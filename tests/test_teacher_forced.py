@@ -150,19 +150,19 @@ def test_ar_is_its_own_control_in_the_same_test():
     assert ar["tf_n_images"] == 500 and np.isfinite(ar["tf_tokens_needed"]) and ar["tf_var_nats2"] > 0
 
 
-def test_the_controls_command_writes_its_table(tmp_path, monkeypatch):
-    """`python scripts/audit_controls.py` at tiny size: one row per control, tokens counted, p-values in range."""
-    import runpy
-    import sys
+def test_the_controls_study_audits_every_control_in_one_run(compose_cfg, tmp_path):
+    """`python run.py experiment=audit_controls` at tiny size: every control and exact SJD get the one-sample
+    audit of their own samples and the two-sample audit, with AR as the control; the decoders are the
+    deliberately faulty ones of sjd/audit/controls.py, each claiming to be lossless."""
+    from sjd.harness.runner import run
 
-    out = tmp_path / "controls.csv"
-    monkeypatch.setattr(sys, "argv", ["audit_controls.py", "--images", "100", "--out", str(out)])
-    runpy.run_path(str(ROOT / "scripts" / "audit_controls.py"), run_name="__main__")
-    import pandas as pd
-
-    table = pd.read_csv(out)
-    assert list(table["control"]) == list(CONTROLS) and (table["tokens"] == 400).all()
-    assert table["tf_p"].between(0, 1).all() and table["images"].eq(100).all()
+    cfg = compose_cfg(["experiment=audit_controls", "prompts.n=1", "seeds_per_prompt=3", "audit.n=6",
+                       "decoder.window=4", "results_csv=null"])  # fmt: skip
+    summary = run(cfg, tmp_path / "run").set_index("decoder")
+    assert list(summary.index) == ["ar", "sjd", *CONTROLS]
+    assert (summary["tf_n_images"] == 3).all() and (summary["tf_control_p"] == summary.loc["ar", "tf_p"]).all()
+    assert summary["tf_p"].between(0, 1).all() and (summary["audit_n"] == 6).all()
+    assert set(summary["tf_verdict"]) <= {"pass", "fail", "no power", "paths disagree (AR fails)"}
 
 
 # -- the in-run audit (audit.teacher_forced) ------------------------------------------------------------

@@ -1,9 +1,9 @@
 """DELIBERATELY FAULTY decoders: the negative controls the exactness audits must catch.
 
 Each is a lossless decoder with one known slip, made by overriding one phase. They exist only for
-tests and for the controls table (scripts/audit_controls.py, docs/audit_controls.md); no config
-in conf/decoder/ names them, and each says `lossless = False`-by-construction in its docstring only:
-`lossless` stays True so the audits treat them as the claim they would make.
+tests and for the controls study (`python run.py experiment=audit_controls`, its page
+docs/results/audit_controls.md); no config in conf/decoder/ names them. Each keeps `lossless = True`,
+the claim it would make, so an audit that catches it has caught a false claim.
 """
 
 from __future__ import annotations
@@ -99,28 +99,3 @@ def make_control(name: str, window: int = 4) -> SJDDecoder:
     if name not in CONTROLS:
         raise ValueError(f"unknown negative control {name!r}; one of {sorted(CONTROLS)}")
     return CONTROLS[name](name=name, window=window)
-
-
-CONTROL_COLUMNS = ["control", "model", "images", "tokens", "tf_p", "tf_z", "tf_ks_p", "tf_lag1_p", "two_sample_p"]
-
-
-def measure_controls(n: int, seed: int = 0, window: int = 4):
-    """One row per control on the micro model (2 x 2 codes, 3 ids, CFG 2): the one-sample audit of n of
-    its images, and the two-sample per-position test of the same n images against n of AR's."""
-    import pandas as pd
-
-    from sjd.audit.driver import AuditDraws
-    from sjd.core.sampling import SamplingConfig
-    from sjd.models.micro import MicroAdapter
-
-    adapter, sampling = MicroAdapter(), SamplingConfig(cfg_scale=2.0)
-    draws = AuditDraws(adapter, sampling, "a", n, min(n, 2000), seed)
-    rows = []
-    for name in CONTROLS:
-        samples = draws.draw(make_control(name, window))
-        tf = draws.one_sample(samples)
-        two, _ = draws.two_sample(samples)
-        rows.append({"control": name, "model": adapter.name, "images": n, "tokens": tf["tf_n_tokens"],
-                     "tf_p": tf["tf_p"], "tf_z": tf["tf_z"], "tf_ks_p": tf["tf_ks_p"], "tf_lag1_p": tf["tf_lag1_p"],
-                     "two_sample_p": two.p_value})  # fmt: skip
-    return pd.DataFrame(rows, columns=CONTROL_COLUMNS)

@@ -5,13 +5,10 @@ tables: a run's key table and provenance; regime_page: the regime map's combined
 """
 
 from sjd.harness.reports.pages import (
-    CONTROLS_CSV,
-    CONTROLS_PAGE,
     GENERATOR,
     HEADLINE,
     HEADLINE_MARKERS,
     render_all,
-    render_controls,
     render_headline,
     render_page,
     with_headline,
@@ -19,8 +16,6 @@ from sjd.harness.reports.pages import (
 from sjd.harness.reports.studies import FIGURES, Study, load_studies
 
 __all__ = [
-    "CONTROLS_CSV",
-    "CONTROLS_PAGE",
     "FIGURES",
     "GENERATOR",
     "HEADLINE",
@@ -28,7 +23,6 @@ __all__ = [
     "Study",
     "load_studies",
     "render_all",
-    "render_controls",
     "render_headline",
     "render_page",
     "with_headline",

@@ -20,9 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sjd.audit import controls_page
 from sjd.harness import plots
-from sjd.harness.prompts import resolve_path
 from sjd.harness.reports.regime_page import regime_section
 from sjd.harness.reports.studies import FIGURES, Study, load_studies
 from sjd.harness.reports.tables import INTERVAL_LEGEND, describe_run, key_table, latest_run, markdown
@@ -153,15 +151,3 @@ def render_all(results_dir: Path, conf_dir: Path, out_dir: Path, tables_dir: Pat
         )
     )
     return [*written, readme]
-
-
-CONTROLS_CSV = resolve_path("results/audit_controls.csv")  # the audits' negative controls (sjd/audit/controls.py)
-CONTROLS_PAGE = resolve_path("docs/audit_controls.md")
-
-
-def render_controls() -> Path | None:
-    """docs/audit_controls.md from results/audit_controls.csv, when that table exists."""
-    if not CONTROLS_CSV.is_file():
-        return None
-    CONTROLS_PAGE.write_text(controls_page.render(pd.read_csv(CONTROLS_CSV)))
-    return CONTROLS_PAGE

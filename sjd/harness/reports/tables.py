@@ -21,6 +21,13 @@ COLUMNS = (
     ("clip", "CLIP", ".1f"),
     ("audit_tv", "audit TV", ".3f"),
     ("audit_p", "audit p", ".3g"),
+    # the one-sample teacher-forced audit of the run's own samples (audit.teacher_forced)
+    ("tf_n_tokens", "tokens audited", "d"),
+    ("tf_excess_nats", "excess nats/token", ".4f"),
+    ("tf_ks_d", "KS D", ".3f"),
+    ("tf_zero_share", "impossible tokens", ".2%"),
+    ("tf_p", "one-sample p", ".3g"),
+    ("tf_verdict", "one-sample verdict", "s"),
 )
 
 
@@ -61,6 +68,8 @@ def cell(value, fmt: str) -> str:
         return ""
     if fmt == "d":
         return str(int(value))
+    if fmt == "s":
+        return str(value)
     return format(float(value), fmt)
 
 
