@@ -160,6 +160,7 @@ def test_the_audit_catches_block_verification_stacked_on_maximal_coupling(run_au
     """Why coupled decoders keep the token rule: block verification's accepted length depends on
     every draft of the window, so the drafts that maximal coupling keeps for the next iteration
     are conditioned on it, and the micro audit rejects the result outright."""
-    monkeypatch.setattr(CoupledSJDDecoder, "accept", lambda self, *args: block_verify(*args))
+    block_accept = lambda self, *args: block_verify(*args[:6])  # accept's last argument is the call, not a tensor
+    monkeypatch.setattr(CoupledSJDDecoder, "accept", block_accept)
     report = run_audit(["decoder=csjd", "n_samples=20000"])
     assert report["p_value"] < 1e-6, report

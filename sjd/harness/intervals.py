@@ -97,8 +97,9 @@ def efficiency_ratio(
 def prompt_units(samples: pd.DataFrame) -> pd.DataFrame:
     """Per (decoder, prompt): the sums over its seeds of tokens, forwards, latency and model time."""
     present = [c for c in UNIT_COLUMNS if c in samples]
-    units = samples.groupby(["decoder", "prompt_id"], sort=False)[present].sum()
-    return units.assign(n_seeds=samples.groupby(["decoder", "prompt_id"], sort=False).size())
+    ids = samples["prompt_id"] if "prompt_id" in samples else pd.Series(range(len(samples)), index=samples.index)
+    by_prompt = samples.groupby([samples["decoder"], ids.rename("prompt_id")], sort=False)  # no ids: a row a unit
+    return by_prompt[present].sum().assign(n_seeds=by_prompt.size())
 
 
 def paired(units: pd.DataFrame, decoder: str, other: str) -> tuple[pd.DataFrame, pd.DataFrame]:
