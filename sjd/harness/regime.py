@@ -34,7 +34,8 @@ import pandas as pd
 from sjd.audit.teacher_forced import ALPHA as TF_ALPHA
 
 REGIME_COLUMNS = [
-    "model", "entropy_nats", "decoder", "schedule", "window", "step_compression", "vs_official_sjd",
+    "model", "entropy_nats", "decoder", "schedule", "window",
+    "images", "step_compression", "vs_official_sjd",
     "vs_harness_sjd", "latency_speedup", "efficiency", "lossless", "audit_p", "audit_tv", "audit_noise_tv",
     "audited_lossless",
 ]  # fmt: skip
@@ -80,6 +81,7 @@ def run_table(rows: pd.DataFrame) -> pd.DataFrame:
             "decoder": rows["decoder"].values,
             "schedule": rows["schedule"].fillna("").values,
             "window": window,
+            "images": rows["n_prompts"].values,  # samples: prompts times seeds per prompt
             "step_compression": rows["step_compression"].values,
             "vs_official_sjd": rows["step_compression"].values / by_name.loc[OFFICIAL_SJD, "step_compression"],
             "vs_harness_sjd": rows["step_compression"].values / by_name.loc[HARNESS_SJD, "step_compression"],
@@ -122,8 +124,12 @@ def with_intervals(table: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def regime_table(runs: list[pd.DataFrame]) -> pd.DataFrame:
-    """Every run's rows, ordered by entropy, model, window, decoder."""
+    """Every run's rows, ordered by entropy, model, window, decoder. Where two runs measure one cell
+    (model, window, decoder), the one with more images stays (the earlier listed one on a tie); each
+    row's ratios are to the SJD rows of its own run."""
     table = pd.concat([with_intervals(run_table(r), r) for r in runs], ignore_index=True)
+    table = table.sort_values("images", ascending=False, kind="stable")
+    table = table.drop_duplicates(["model", "window", "decoder"]).sort_index()
     return table.sort_values(["entropy_nats", "model", "window"], kind="stable").reset_index(drop=True)
 
 

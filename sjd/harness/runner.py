@@ -29,7 +29,7 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -206,6 +206,7 @@ class RankJob:
     meta: dict
     samples: list[Sample]  # every (prompt, seed index) of the run, in order
     done: set[SampleKey]  # the samples finished before this run started (resume)
+    started: float = field(default_factory=time.perf_counter)  # wall clock when the model began to load
 
     @property
     def decoder_names(self) -> list[str]:
@@ -243,6 +244,7 @@ def build(
 ) -> RankJob:
     """The adapter (checked against every prompt and decoder), the run's record and, on rank 0,
     the resume point and meta.json; every rank gets the same finished samples."""
+    started = time.perf_counter()
     adapter: ModelAdapter = instantiate(cfg.model.adapter, device=dp.device)
     adapter.check_prompts(prompt_set.prompts)
     for d in decoders:
@@ -254,7 +256,7 @@ def build(
         (run_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
     done = dp.broadcast(done)  # every rank deals the same unfinished prompts
     samples = [(p, k) for p in prompt_set.prompts for k in range(seeds_per_prompt(cfg))]
-    return RankJob(cfg, run_dir, dp, adapter, decoders, baseline, prompt_set, meta, samples, done)
+    return RankJob(cfg, run_dir, dp, adapter, decoders, baseline, prompt_set, meta, samples, done, started)
 
 
 def run_meta(
@@ -323,6 +325,8 @@ def publish(job: RankJob, summary: pd.DataFrame, samples: pd.DataFrame) -> None:
     """summary.csv/json, accept_hist.png, grid.png, the results row, the logger's record, and the
     table printed for the user."""
     cfg, run_dir = job.cfg, job.run_dir
+    # this invocation's wall time, model load to audits: a resumed run counts only what it redid
+    summary = summary.assign(run_wall_s=time.perf_counter() - job.started)
     write_summary(summary, run_dir)
     accept_histograms(summary, run_dir / "accept_hist.png")
     if cfg.save_images:

@@ -43,7 +43,7 @@ def regime_section(
 
 
 def combined_table(page: str, table: pd.DataFrame, figure: str) -> list[str]:
-    shown = table[["model", "decoder", "schedule", "window", "lossless", "audited_lossless"]].astype(str)
+    shown = table[["model", "decoder", "schedule", "window", "images", "lossless", "audited_lossless"]].astype(str)
     shown["audited_lossless"] = [regime.flag_text(v) for v in table["audited_lossless"]]
     for column, fmt in REGIME_SHOWN:
         if column in regime.INTERVAL_SOURCES:  # a ratio: its interval beside it, bare on its reference row
@@ -54,6 +54,7 @@ def combined_table(page: str, table: pd.DataFrame, figure: str) -> list[str]:
     return ["## The regime map", "",
             f"All the runs above in one table (also `results/{page}.csv`), ordered by the model's per-token "
             "entropy. `vs_official_sjd` and `vs_harness_sjd` are step compression over SJD's in the same run; "
+            "where two runs measure one cell, the table keeps the one with more `images`; "
             f"`lossless` is the decoder's claim; {regime.AUDITED_TEXT}", "", f"![regime map]({figure})", "",
             markdown(shown), ""]  # fmt: skip
 

@@ -155,12 +155,21 @@ def describe_run(rows: pd.DataFrame) -> str:
         f"device `{first['device']}`",
     ]
     parts.append(machine_load(rows))
+    parts.append(wall_time(rows))
     if "audit_noise_tv" in rows and rows["audit_noise_tv"].notna().any():
         parts.append(
             f"audit: {int(first['audit_n'])} samples of one caption per decoder against AR's; AR against AR "
             f"(noise floor of audit TV) {first['audit_noise_tv']:.3f}"
         )
     return "; ".join(parts) + "."
+
+
+def wall_time(rows: pd.DataFrame) -> str:
+    """How long the command ran, model load to audits (sjd.harness.runner.publish), on the run's device."""
+    if "run_wall_s" not in rows or rows["run_wall_s"].isna().all():
+        return "wall time not recorded (rerun to record it)"
+    seconds = float(rows["run_wall_s"].max())
+    return f"wall time {seconds / 60:.1f} min" if seconds >= 60 else f"wall time {seconds:.0f} s"
 
 
 def machine_load(rows: pd.DataFrame) -> str:
