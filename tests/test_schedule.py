@@ -74,6 +74,15 @@ def test_harness_schedule_is_unchanged():
     assert [s.width(c, 0) for c in (1, 2, 3, 60, 71, 72, 76, 77)] == [1, 1, 16, 16, 6, 1, 1, 0]
 
 
+def test_adaptive_windows_are_twice_the_last_commit_between_the_floor_and_the_window():
+    s = make_schedule("adaptive", 16, 3, 5, lumina_at(128), "lumina")  # 77 tokens
+    # (committed, previous): the prefix and suffix are single steps; else 2 x (committed - previous),
+    # within [4, 16] and the tokens left (7 at (70, 60))
+    cases = {(1, 0): 1, (3, 2): 4, (10, 8): 4, (13, 10): 6, (20, 12): 16, (40, 10): 16, (70, 60): 7, (72, 60): 1}
+    assert {k: s.width(*k) for k in cases} == cases
+    assert s.width(77, 70) == 0
+
+
 def test_windows_never_pass_the_image_end():
     s = OfficialSchedule(64, JacobiInterval(1, 10_000), n_tokens=100)
     assert s.width(90, 30) == 10
@@ -107,11 +116,25 @@ class WindowRecorder:
     ids=["sjd", "csjd", "tree"],
 )
 def test_decoders_run_the_official_windows(toy, decoder):
+    expected = windows_follow_the_schedule(toy, decoder)
+    assert max(expected) == 16 and expected[0] == 1
+    assert decoder.window_schedule(toy).interval == JacobiInterval(1, 12 * 13)  # the toy's generic rule: 12 x 13
+
+
+ADAPTIVE = [SJDDecoder(window=16, schedule="adaptive"), CoupledSJDDecoder(window=16, schedule="adaptive")]
+
+
+@pytest.mark.parametrize("decoder", ADAPTIVE, ids=["sjd", "csjd"])
+def test_decoders_run_the_adaptive_windows(toy, decoder):
+    expected = windows_follow_the_schedule(toy, decoder)
+    assert min(expected[1:-1]) >= 4 and len(set(expected[1:])) > 2  # the width moved with what was committed
+
+
+def windows_follow_the_schedule(toy, decoder) -> list[int]:
     """The windows each decoder forwards are the schedule's, replayed from its own accepted counts."""
     recorder = WindowRecorder(toy)
     res = decoder.generate(recorder, PROMPTS[:1], SAMPLED, gens(PROMPTS[:1]))
     schedule = decoder.window_schedule(toy)
-    assert schedule.interval == JacobiInterval(1, 12 * 13)  # the toy's generic rule: its 12 x 13 body
     committed, previous, expected = 1, 0, []
     for take in res.accepted[0][1:]:
         expected.append(schedule.width(committed, previous))
@@ -121,7 +144,8 @@ def test_decoders_run_the_official_windows(toy, decoder):
         assert all(w <= e for w, e in zip(recorder.widths, expected)) and len(recorder.widths) == len(expected)
     else:
         assert recorder.widths == expected
-    assert max(expected) == 16 and expected[0] == 1
+        assert res.extras["window_inputs"] == [sum(expected)]  # what inputs_per_token sums
+    return expected
 
 
 def test_official_l_on_a_128_px_lumina_layout_single_steps_the_first_l_tokens_and_one_more():
@@ -171,16 +195,20 @@ def test_greedy_official_sjd_equals_greedy_ar(toy):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["official", "adaptive"])
 @pytest.mark.parametrize("decoder", ["sjd", "csjd"])
-def test_official_schedule_passes_the_exact_audit(run_audit, decoder):
-    report = run_audit([f"decoder={decoder}", "decoder.schedule=official", "n_samples=20000"])
-    assert report["decoder_config"]["schedule"] == "official"
+def test_the_other_schedules_pass_the_exact_audit(run_audit, decoder, schedule):
+    # adaptive: the micro model's 8 tokens, so that widths move between the floor (4) and the window
+    wide = ["micro_decoder.window=8"] if schedule == "adaptive" else []
+    report = run_audit([f"decoder={decoder}", f"decoder.schedule={schedule}", "n_samples=20000", *wide])
+    assert report["decoder_config"]["schedule"] == schedule
     assert report["p_value"] > 1e-3, report
     assert report["tv_distance"] < 2 * report["ar_tv_distance"] + 0.01, report
 
 
 def test_an_unknown_schedule_fails_naming_the_key():
-    with pytest.raises(ValueError, match=r"decoder\.schedule must be one of \('harness', 'official'\), got 'paper'"):
+    expected = r"decoder\.schedule must be one of \('harness', 'official', 'adaptive'\), got 'paper'"
+    with pytest.raises(ValueError, match=expected):
         SJDDecoder(schedule="paper")
     with pytest.raises(ValueError, match=r"decoder\.schedule"):
         CoupledSJDDecoder(schedule="offical")
@@ -200,6 +228,23 @@ def test_the_schedule_is_recorded_in_the_summary_rows():
     configs["sjd_harness"] = SJDDecoder(name="sjd_harness").config()
     summary = summarize(pd.DataFrame(rows), "ar", {"model": "toy", "decoder_configs": configs}).set_index("decoder")
     assert summary["schedule"].to_dict() == {"ar": "", "sjd": "official", "sjd_harness": "harness"}
+    assert summary["inputs_per_token"].isna().all()  # the rows record no window inputs
+
+
+def test_inputs_per_token_sums_the_window_inputs_over_the_generated_tokens():
+    import pandas as pd
+
+    from sjd.harness.results import summarize
+
+    rows = [
+        {"decoder": d, "prompt_id": p, "n_tokens": 10, "n_forward": 5, "latency_s": 1.0, "prefill_s": 0.1,
+         "decode_s": 0.9, "model_s": 0.8, "accepted": [1, 2, 2, 2, 3], "peak_mem_mb": 0.0, "peak_mem_kind": "cpu",
+         "extras": {"window_inputs": inputs}}
+        for d, p, inputs in (("ar", "a", 9), ("ar", "b", 9), ("sjd", "a", 30), ("sjd", "b", 50))
+    ]  # fmt: skip
+    configs = {"ar": ARDecoder().config(), "sjd": SJDDecoder().config()}
+    summary = summarize(pd.DataFrame(rows), "ar", {"model": "toy", "decoder_configs": configs}).set_index("decoder")
+    assert summary["inputs_per_token"].to_dict() == {"ar": 0.9, "sjd": 4.0}
 
 
 @pytest.mark.parametrize(

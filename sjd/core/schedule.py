@@ -1,6 +1,6 @@
 """Window schedules: how many forward inputs a row of SJD's loop gets at each iteration.
 
-Two schedules (`decoder.schedule`):
+Three schedules (`decoder.schedule`):
 
 - `harness` (the default): a window of `window` inputs, one token per forward at generated
   positions below `ar_prefix` and in the last `ar_suffix`, shrunk to the tokens left.
@@ -13,6 +13,11 @@ Two schedules (`decoder.schedule`):
   what that commit added. r comes from the image layout by the rule the official scripts use
   for each model family (`official_interval`); l is `official_l`, 1 by default: the value of the
   official evaluation loaders for every family (the repository's Lumina-mGPT demo script uses 3).
+- `adaptive` (ours): the harness schedule with each window sized from what the row's last forward
+  committed: ADAPTIVE_GAIN times that many tokens, at least ADAPTIVE_FLOOR, at most `window`. Where
+  drafts keep being rejected (high entropy) a wide window forwards inputs that are never committed;
+  where a run of drafts has converged the window grows back. The width depends only on tokens
+  already committed, so the decoder stays exactly as lossless as under a fixed window.
 
 Both are pure: `width(committed, previous)` maps a row's committed length and its committed length
 one iteration earlier (0 before the prefill's token) to the next window, 0 when the row is complete.
@@ -25,7 +30,9 @@ from dataclasses import dataclass
 
 from sjd.types import ImageLayout
 
-SCHEDULES = ("harness", "official")
+SCHEDULES = ("harness", "official", "adaptive")
+ADAPTIVE_GAIN = 2  # adaptive windows: this many inputs per token the last forward committed,
+ADAPTIVE_FLOOR = 4  # and never fewer than this (a window of 1 is AR and could not grow back)
 
 
 @dataclass(frozen=True)
@@ -104,7 +111,24 @@ class OfficialSchedule:
         return 1
 
 
-WindowSchedule = HarnessSchedule | OfficialSchedule
+@dataclass(frozen=True)
+class AdaptiveSchedule:
+    window: int
+    ar_prefix: int
+    ar_suffix: int
+    n_tokens: int
+
+    def width(self, committed: int, previous: int) -> int:
+        remaining = self.n_tokens - committed
+        if remaining <= 0:
+            return 0
+        if committed < self.ar_prefix or committed >= self.n_tokens - self.ar_suffix:
+            return 1
+        last_commit = committed - previous
+        return min(self.window, remaining, max(ADAPTIVE_FLOOR, ADAPTIVE_GAIN * last_commit))
+
+
+WindowSchedule = HarnessSchedule | OfficialSchedule | AdaptiveSchedule
 
 
 def check_schedule(schedule: str) -> None:
@@ -129,9 +153,11 @@ def make_schedule(
 ) -> WindowSchedule:
     """The schedule a decoder runs on a model: `family` names the model's official rule
     (ModelAdapter.official_schedule) and `official_l` its l; `ar_prefix` / `ar_suffix` serve the
-    harness schedule only."""
+    harness and adaptive schedules only."""
     check_schedule(schedule)
     if schedule == "official":
         interval = official_interval(family, layout, window, official_l)
         return OfficialSchedule(window, interval, layout.n_tokens)
+    if schedule == "adaptive":
+        return AdaptiveSchedule(window, ar_prefix, ar_suffix, layout.n_tokens)
     return HarnessSchedule(window, ar_prefix, ar_suffix, layout.n_tokens)

@@ -65,6 +65,6 @@ class ARDecoder(Decoder):
             decode_s=decode_s,
             model_s=clock.model_s,
             stage_s=clock.stages.split(decode_s),
-            extras={"stage_laps": clock.stages.n_laps},
+            extras={"stage_laps": clock.stages.n_laps, "window_inputs": [clock.calls - 1] * B},  # one input a forward
             entropy_nats=(entropy / max(1, sum(free))).tolist(),
         )

@@ -124,7 +124,7 @@ class SJDDecoder(Decoder):
             state.commit(result, drafts, samples, p, widths, samples_q)
             clock.lap("commit")
 
-        return clock.finish(state.tokens, state.n_forward, state.accepted)
+        return state.finish(clock)
 
     # -- phases --------------------------------------------------------------------------------------
     def start(self, call: WindowCall, prompts: Sequence[Prompt]) -> WindowState:
@@ -271,6 +271,7 @@ class WindowState:
     last_p: list[torch.Tensor | None]  # the distribution the last committed token was drawn from
     noise: torch.Tensor | None = None  # per-position coupling noise of coupled decoders [B, N, V]
     committed_p: torch.Tensor | None = None  # [B, K, V]: p of the last K committed positions, at pos % K
+    inputs: list[int] | None = None  # window inputs forwarded after the prefill (the forwards' compute)
 
     @classmethod
     def empty(cls, B: int, N: int, V: int, device: torch.device, keep_p: int = 0) -> WindowState:
@@ -284,6 +285,7 @@ class WindowState:
             n_forward=[1] * B,
             last_p=[None] * B,
             committed_p=torch.zeros(B, keep_p, V, device=device) if keep_p else None,
+            inputs=[0] * B,
         )
 
     def remember_p(self, b: int, start: int, p: torch.Tensor) -> None:
@@ -324,6 +326,13 @@ class WindowState:
             self.carried[b], self.carried_q[b] = samples[b, take : widths[b]], samples_q[b, take : widths[b]]
             self.accepted[b].append(take)
             self.n_forward[b] += 1
+            self.inputs[b] += widths[b]
+
+    def finish(self, clock: ForwardClock) -> DecodeResult:
+        """The call's result, with each row's window inputs in its extras."""
+        result = clock.finish(self.tokens, self.n_forward, self.accepted)
+        result.extras["window_inputs"] = list(self.inputs)
+        return result
 
     def end_with_next_token(self, b: int, n: int, n_acc: int, token: torch.Tensor, p: torch.Tensor) -> int:
         """The usual end of a commit: the residual (or bonus) token after the accepted drafts, drawn from p."""

@@ -140,7 +140,7 @@ class SJD2Decoder(Decoder):
             self.carry_levels(state, levels, win, widths, adapter.noise_levels - 1)
             clock.lap("commit")
 
-        return clock.finish(state.tokens, state.n_forward, state.accepted)
+        return state.finish(clock)
 
     # -- phases --------------------------------------------------------------------------------------
     def draft(self, state: WindowState, levels: list[torch.Tensor], widths: list[int], call: WindowCall) -> NoisyWindow:

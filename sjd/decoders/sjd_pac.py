@@ -132,7 +132,7 @@ class SJDPACDecoder(CoupledSJDDecoder):
             self.commit_tree(state, cached, branch_commits, win, verdict, widths)
             clock.lap("commit")
 
-        result = clock.finish(state.tokens, state.n_forward, state.accepted)
+        result = state.finish(clock)
         result.extras["branch_commits"] = branch_commits
         return result
 

@@ -35,7 +35,7 @@ from sjd.audit.teacher_forced import ALPHA as TF_ALPHA
 
 REGIME_COLUMNS = [
     "model", "entropy_nats", "decoder", "schedule", "window",
-    "images", "step_compression", "vs_official_sjd",
+    "images", "step_compression", "inputs_per_token", "vs_official_sjd",
     "vs_harness_sjd", "latency_speedup", "efficiency", "lossless", "audit_p", "audit_tv", "audit_noise_tv",
     "audited_lossless",
 ]  # fmt: skip
@@ -83,6 +83,7 @@ def run_table(rows: pd.DataFrame) -> pd.DataFrame:
             "window": window,
             "images": rows["n_prompts"].values,  # samples: prompts times seeds per prompt
             "step_compression": rows["step_compression"].values,
+            "inputs_per_token": rows["inputs_per_token"].values if "inputs_per_token" in rows else np.nan,
             "vs_official_sjd": rows["step_compression"].values / by_name.loc[OFFICIAL_SJD, "step_compression"],
             "vs_harness_sjd": rows["step_compression"].values / by_name.loc[HARNESS_SJD, "step_compression"],
             "latency_speedup": rows["latency_speedup"].values,

@@ -36,6 +36,7 @@ SUMMARY_COLUMNS = [
     "entropy_nats",
     "n_forward",
     "step_compression",
+    "inputs_per_token",
     "latency_s",
     "latency_speedup",
     "prefill_s",
@@ -121,6 +122,17 @@ class SampleRecord:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def inputs_per_token(df: pd.DataFrame) -> float:
+    """Window inputs forwarded after the prefill per generated token (AR: about 1), the compute a
+    decoder's forwards take whatever the hardware; NaN where a decoder does not record them."""
+    if "extras" not in df:
+        return float("nan")
+    inputs = [e.get("window_inputs") if isinstance(e, dict) else None for e in df["extras"]]
+    if any(i is None for i in inputs):
+        return float("nan")
+    return float(sum(inputs) / df["n_tokens"].sum())
 
 
 def row_extras(extras: dict[str, Any], row: int, batch: int) -> dict[str, Any]:
@@ -273,6 +285,7 @@ def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.Dat
                 "entropy_nats": mean_entropy(df),
                 "n_forward": float(df["n_forward"].mean()),
                 "step_compression": float(df["n_tokens"].sum() / df["n_forward"].sum()),
+                "inputs_per_token": inputs_per_token(df),
                 "latency_s": float(df["latency_s"].mean()),
                 "prefill_s": float(df["prefill_s"].mean()),
                 "decode_s": float(df["decode_s"].mean()),

@@ -14,6 +14,7 @@ COLUMNS = (
     ("n_prompts", "samples", "d"),
     ("n_forward", "forwards per image", ".1f"),
     ("step_compression", "step compression", ".2f"),
+    ("inputs_per_token", "inputs per token", ".2f"),
     ("latency_speedup", "latency speedup", ".2f"),
     ("efficiency", "efficiency", ".2f"),
     ("outside_model_frac", "outside model", ".1%"),
