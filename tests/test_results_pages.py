@@ -251,3 +251,21 @@ def test_the_goal_says_a_decoder_beats_sjd_only_where_the_interval_excludes_one(
     for sentence in says:
         assert sentence in page
     assert "not distinguishable" in page and "compresses more" in page
+
+
+def test_without_power_the_goal_names_the_passing_decoder_and_says_it_is_not_audited(pages, tmp_path):
+    conf, results, out = (tmp_path / d for d in ("conf", "results", "docs"))
+    conf.mkdir()
+    results.mkdir()
+    (conf / "regime.yaml").write_text(REGIME_OVERLAY)
+    a = regime_rows("a", 4.5, {"sjd_official": 2.0, "sjd_harness": 2.5, "scd_official": 3.0, "csjd_official": 4.2},
+                    {}, {"csjd_official": 1e-4})  # fmt: skip
+    for row in a:
+        row["tf_tokens_needed"] = 100000  # every pass has too few tokens (60000) to count as audited
+    pd.DataFrame(a).to_csv(results / "regime.csv", index=False)
+    pages.render_all(results, conf, out, tmp_path / "tables")
+    page = (out / "regime.md").read_text()
+    # csjd_official compresses most but its audit rejects it; scd_official passes, without power
+    assert "no lossless decoder is audited with power at window 16; of those whose one-sample audit passes" in page
+    assert "is `scd_official`: 1.50x" in page
+    assert "on 60000 tokens, fewer than the 100000 that detect a 0.01 nats/token excess" in page

@@ -179,21 +179,27 @@ def goal(
 ) -> dict | None:
     """On the model whose official SJD at `window` compresses closest to `target` (SJD's published
     step compression), the audited lossless decoder with the highest step compression at that window
-    (on `schedule` only, if given)."""
+    (on `schedule` only, if given). Where none is audited with power, the one among the lossless
+    decoders whose one-sample audit passes without power, marked `audited: False`."""
     sjd = table[(table["decoder"] == OFFICIAL_SJD) & (table["window"] == window)]
     if sjd.empty:
         return None
     model = sjd.loc[(sjd["step_compression"] - target).abs().idxmin(), "model"]
-    rows = table[(table["model"] == model) & (table["window"] == window) & table["audited_lossless"].eq(True)]
+    rows = table[(table["model"] == model) & (table["window"] == window)]
     rows = rows[~rows["decoder"].isin(["ar", OFFICIAL_SJD, HARNESS_SJD])]
     if schedule is not None:
         rows = rows[rows["schedule"] == schedule]
-    if rows.empty:
+    audited = rows[rows["audited_lossless"].eq(True)]
+    passing = rows[rows["lossless"].astype(bool) & rows["audited_lossless"].isna()
+                   & (rows["tf_p"] > TF_ALPHA) & (rows["tf_control_p"] > TF_ALPHA)]  # fmt: skip
+    candidates = audited if not audited.empty else passing
+    if candidates.empty:
         return {"model": model, "decoder": None}
-    best = rows.loc[rows["step_compression"].idxmax()]
+    best = candidates.loc[candidates["step_compression"].idxmax()]
     keys = ("model", "entropy_nats", "decoder", "schedule", "window", "step_compression", "vs_official_sjd",
-            "vs_harness_sjd", "latency_speedup", "efficiency", "audit_p", "tf_p", "tf_n_tokens")  # fmt: skip
-    return {k: best[k] for k in (*keys, *INTERVAL_COLUMNS)}
+            "vs_harness_sjd", "latency_speedup", "efficiency", "audit_p", "tf_p", "tf_n_tokens",
+            "tf_tokens_needed")  # fmt: skip
+    return {k: best[k] for k in (*keys, *INTERVAL_COLUMNS)} | {"audited": not audited.empty}
 
 
 # -- the page's words on the audit (sjd/harness/reports/regime_page.py) ---------------------------
