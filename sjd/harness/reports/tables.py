@@ -24,6 +24,7 @@ COLUMNS = (
     ("audit_p", "audit p", ".3g"),
     # the one-sample teacher-forced audit of the run's own samples (audit.teacher_forced)
     ("tf_n_tokens", "tokens audited", "d"),
+    ("tf_tokens_needed", "tokens needed", ".0f"),  # for power against a 0.01 nats/token excess
     ("tf_excess_nats", "excess nats/token", ".4f"),
     ("tf_ks_d", "KS D", ".3f"),
     ("tf_zero_share", "impossible tokens", ".2%"),
