@@ -112,20 +112,14 @@ class OfficialSchedule:
 
 
 @dataclass(frozen=True)
-class AdaptiveSchedule:
-    window: int
-    ar_prefix: int
-    ar_suffix: int
-    n_tokens: int
+class AdaptiveSchedule(HarnessSchedule):
+    """The harness schedule's width, capped by what the row's last forward committed."""
 
     def width(self, committed: int, previous: int) -> int:
-        remaining = self.n_tokens - committed
-        if remaining <= 0:
-            return 0
-        if committed < self.ar_prefix or committed >= self.n_tokens - self.ar_suffix:
-            return 1
-        last_commit = committed - previous
-        return min(self.window, remaining, max(ADAPTIVE_FLOOR, ADAPTIVE_GAIN * last_commit))
+        widest = super().width(committed, previous)
+        if widest <= 1:  # complete, a single step, or one token left
+            return widest
+        return min(widest, max(ADAPTIVE_FLOOR, ADAPTIVE_GAIN * (committed - previous)))
 
 
 WindowSchedule = HarnessSchedule | OfficialSchedule | AdaptiveSchedule

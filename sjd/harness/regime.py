@@ -131,7 +131,10 @@ def regime_table(runs: list[pd.DataFrame]) -> pd.DataFrame:
     table = pd.concat([with_intervals(run_table(r), r) for r in runs], ignore_index=True)
     table = table.sort_values("images", ascending=False, kind="stable")
     table = table.drop_duplicates(["model", "window", "decoder"]).sort_index()
-    return table.sort_values(["entropy_nats", "model", "window"], kind="stable").reset_index(drop=True)
+    # a model's runs measure its entropy apart; order its rows together, by the largest run's
+    order = table.groupby("model", sort=False)["entropy_nats"].transform("first")
+    table = table.assign(_order=order).sort_values(["_order", "model", "window"], kind="stable")
+    return table.drop(columns="_order").reset_index(drop=True)
 
 
 def anchors(table: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:

@@ -29,7 +29,7 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -206,7 +206,7 @@ class RankJob:
     meta: dict
     samples: list[Sample]  # every (prompt, seed index) of the run, in order
     done: set[SampleKey]  # the samples finished before this run started (resume)
-    started: float = field(default_factory=time.perf_counter)  # wall clock when the model began to load
+    started: float  # perf_counter when the model began to load (the run's wall time, in publish)
 
     @property
     def decoder_names(self) -> list[str]:
