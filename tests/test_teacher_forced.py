@@ -24,6 +24,7 @@ from sjd.audit.teacher_forced import (
 )
 from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
+from sjd.decoders.sjd import SJDDecoder
 from sjd.models.micro import MicroAdapter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,6 +142,48 @@ def test_negative_controls_are_caught_on_the_micro_model(control, n, alpha):
     draws = AuditDraws(adapter, MICRO, "a", n, n, 0)
     out = draws.one_sample(draws.draw(make_control(control)))
     assert out["tf_p"] < alpha, out
+
+
+# The three slips the micro model cannot show act only where a model's distributions move with their context
+# (a stale q is wrong only when p changed under a kept draft) or where the window slides one token a step
+# (a slot's Gumbel vector reused): so each is asserted on the smallest model where it acts, beside the exact
+# decoder it corrupts, which must pass at the same size and seed. The sizes are the ones docs/algorithms.md
+# (section 11.9) lists and the controls study's third and fourth commands run.
+@pytest.mark.slow
+def test_a_stale_q_is_caught_on_the_toy_at_window_64_where_exact_maximal_coupling_passes(toy, one_thread):
+    from sjd.decoders.coupled import CoupledSJDDecoder
+
+    sampling = SamplingConfig(cfg_scale=3.0)
+    draws = AuditDraws(toy, sampling, "large red circle center and small blue square top left on green", 100, 50, 0)
+    faulty = draws.one_sample(draws.draw(make_control("stale_q_maximal", window=64)))
+    exact = draws.one_sample(draws.draw(CoupledSJDDecoder("csjd", 64, coupling="maximal")))
+    assert faulty["tf_p"] < 1e-6 and faulty["tf_n_tokens"] == 100 * 144, faulty
+    assert exact["tf_p"] > 1e-3, exact
+
+
+@pytest.fixture(scope="module")
+def lumina_standin():
+    from sjd.standin.adapter import StandinLuminaAdapter
+
+    return StandinLuminaAdapter(asset="standin_lumina_512")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("control", "exact"), [("slot_gumbel", "gumbel"), ("low_precision_drafts", "sjd")])
+def test_a_reused_gumbel_vector_and_low_precision_drafts_are_caught_on_a_lumina_standin(
+    lumina_standin, one_thread, control, exact
+):
+    """4 images of 1024 codes at about 5 nats a token, Lumina-mGPT's settings (top-k 2000, CFG 3)."""
+    sampling = SamplingConfig(cfg_scale=3.0, top_k=2000)
+    draws = AuditDraws(lumina_standin, sampling, "a rippled red field with blue patches", 4, 4, 0)
+    faulty = draws.one_sample(draws.draw(make_control(control, window=16)))
+    from sjd.decoders.coupled import CoupledSJDDecoder
+
+    # the decoder each control corrupts: Gumbel-coupled SJD with a vector per position, and plain SJD
+    same = CoupledSJDDecoder("csjd_gumbel", 16, coupling="gumbel") if exact == "gumbel" else SJDDecoder("sjd", 16)
+    passing = draws.one_sample(draws.draw(same))
+    assert faulty["tf_p"] < 1e-6 and faulty["tf_n_tokens"] == 4 * 1024, faulty
+    assert passing["tf_p"] > 1e-3, passing
 
 
 def test_ar_is_its_own_control_in_the_same_test():
