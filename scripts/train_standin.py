@@ -4,17 +4,28 @@
     python scripts/train_standin.py all                   # rebuild every one
     python scripts/train_standin.py prompts               # rewrite sjd/assets/prompts/standin.tsv
     python scripts/train_standin.py --custom x --noise 0.02 --steps 5 --out /tmp/x   # a new one, or a smoke run
+    python scripts/train_standin.py --check-recipe standin_llamagen_512   # is the checkpoint this recipe's?
+    python scripts/train_standin.py --check standin_llamagen_512          # does it retrain bit for bit?
 
 The model is a tiny Chameleon with Lumina-mGPT's grammar at the real layout (sjd.standin.lumina);
 the data are procedural code images (sjd.standin.procedural) generated from (seed, step), so a run
 is a pure function of its arguments and thread count. The texture noise sets the per-token entropy.
 The checkpoint's config.json (standin.json for LlamaGen) records every argument, the final loss and the
-training time: minutes on one CPU thread.
+training time (minutes on one CPU thread), and two hashes that tie the shipped files to the code:
+`weights_sha`, of every tensor in the checkpoint's safetensors files, and `recipe_sha`, of the arguments
+together with the weights after the first PROBE_STEPS steps of training. The recipe hash changes with
+anything that changes training (data, initialisation, loss, optimiser, library kernels), and costs seconds
+to recompute, where a retrain costs minutes: `--check-recipe` recomputes both, `--check` retrains in full
+and compares every tensor.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +39,7 @@ from sjd.standin.training import (
     init_llamagen_code_embeddings,
     llamagen_loss,
     lumina_loss,
+    tensors_sha,
     train,
 )
 
@@ -46,6 +58,7 @@ DEFAULTS = dict(family="lumina", resolution=512, noise=0.04, streak=0.0, streak_
 
 
 PROMPTS = ASSETS / "prompts" / "standin.tsv"
+PROBE_STEPS = 3
 
 
 def write_prompts(path: Path) -> None:
@@ -57,12 +70,14 @@ def write_prompts(path: Path) -> None:
     print(f"wrote {path} ({len(themes)} captions)")
 
 
-def build(name: str, settings: dict, out: Path) -> None:
+def build(name: str, settings: dict, out: Path | None, probe_only: bool = False) -> dict:
+    """Train `name` from `settings` (over DEFAULTS) and write it to `out`; returns its record. With
+    `probe_only`, train the first PROBE_STEPS steps, write nothing and return {"recipe_sha": ...}."""
     a = {**DEFAULTS, **settings}
     if a["family"] not in ("lumina", "llamagen"):
         raise SystemExit(f"--family must be lumina or llamagen, got {a['family']!r}")
     torch.set_num_threads(a["threads"])
-    (build_llamagen if a["family"] == "llamagen" else build_lumina)(name, a, out)
+    return (build_llamagen if a["family"] == "llamagen" else build_lumina)(name, a, out, probe_only)
 
 
 def data_and_settings(a: dict, n_codes: int) -> tuple[ProceduralImages, TrainSettings]:
@@ -71,13 +86,52 @@ def data_and_settings(a: dict, n_codes: int) -> tuple[ProceduralImages, TrainSet
     return images, TrainSettings(steps=a["steps"], batch_size=a["batch_size"], lr=a["lr"], seed=a["seed"])
 
 
+def recipe_sha(a: dict, history: list[dict]) -> str:
+    """The recipe's hash: its arguments and the weights after its first PROBE_STEPS steps."""
+    probe = next(h["probe_sha"] for h in history if "probe_sha" in h)
+    return hashlib.sha256((json.dumps(a, sort_keys=True) + "|" + probe).encode()).hexdigest()[:16]
+
+
 def record(a: dict, n_codes: int, history: list[dict]) -> dict:
-    """What config.json / standin.json keeps: the recipe and how training ended."""
-    return {**a, "n_codes": n_codes, "final_loss_nats": round(history[-1]["loss"], 4),
-            "train_seconds": round(history[-1]["seconds"])}  # fmt: skip
+    """What config.json / standin.json keeps: the recipe and how training ended (weights_sha once written)."""
+    losses = [h for h in history if "loss" in h]
+    return {**a, "n_codes": n_codes, "final_loss_nats": round(losses[-1]["loss"], 4),
+            "train_seconds": round(losses[-1]["seconds"]), "recipe_sha": recipe_sha(a, history)}  # fmt: skip
 
 
-def build_llamagen(name: str, a: dict, out: Path) -> None:
+def checkpoint_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of every safetensors file under a checkpoint directory, named by file and key."""
+    from safetensors.torch import load_file
+
+    return {f"{path.relative_to(directory)}:{k}": v for path in sorted(directory.rglob("*.safetensors"))
+            for k, v in load_file(path).items()}  # fmt: skip
+
+
+def read_record(directory: Path) -> dict:
+    if (directory / "standin.json").is_file():
+        return json.loads((directory / "standin.json").read_text())
+    return json.loads((directory / "config.json").read_text())["standin"]
+
+
+def write_record(directory: Path, rec: dict) -> None:
+    """Rewrite the training record in place (standin.json, or config.json's `standin` entry)."""
+    if (directory / "standin.json").is_file():
+        (directory / "standin.json").write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
+        return
+    config = json.loads((directory / "config.json").read_text())
+    config["standin"] = rec
+    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def finish(out: Path, rec: dict) -> dict:
+    """Add the hash of the files just written to their record."""
+    rec = {**rec, "weights_sha": tensors_sha(checkpoint_tensors(out))[:16]}
+    write_record(out, rec)
+    print(f"wrote {out} (recipe {rec['recipe_sha']}, weights {rec['weights_sha']})")
+    return rec
+
+
+def build_llamagen(name: str, a: dict, out: Path | None, probe_only: bool) -> dict:
     from sjd.models.llamagen import LlamaGenAdapter
     from sjd.standin import llamagen
 
@@ -89,12 +143,15 @@ def build_llamagen(name: str, a: dict, out: Path) -> None:
     images, settings = data_and_settings(a, n_codes)
     print(f"{name}: {a}")
     init_llamagen_code_embeddings(adapter, images)
-    history = train(adapter.gpt, lambda step: llamagen_loss(adapter, images, settings, step), settings)
+    history = train(adapter.gpt, lambda step: llamagen_loss(adapter, images, settings, step), settings,
+                    probe_steps=min(PROBE_STEPS, a["steps"]), probe_only=probe_only)  # fmt: skip
+    if probe_only:
+        return {"recipe_sha": recipe_sha(a, history)}
     llamagen.save(adapter.gpt, *parts[1:], out, record(a, n_codes, history))
-    print(f"wrote {out}")
+    return finish(out, record(a, n_codes, history))
 
 
-def build_lumina(name: str, a: dict, out: Path) -> None:
+def build_lumina(name: str, a: dict, out: Path | None, probe_only: bool) -> dict:
     from sjd.models.lumina import LuminaAdapter
 
     n_codes = 8192
@@ -105,9 +162,56 @@ def build_lumina(name: str, a: dict, out: Path) -> None:
     images, settings = data_and_settings(a, n_codes)
     print(f"{name}: {a}")
     init_code_embeddings(adapter, images)
-    history = train(adapter.model, lambda step: lumina_loss(adapter, images, settings, step), settings)
+    history = train(adapter.model, lambda step: lumina_loss(adapter, images, settings, step), settings,
+                    probe_steps=min(PROBE_STEPS, a["steps"]), probe_only=probe_only)  # fmt: skip
+    if probe_only:
+        return {"recipe_sha": recipe_sha(a, history)}
     save(adapter.model, tokenizer, out, record(a, n_codes, history))
-    print(f"wrote {out}")
+    return finish(out, record(a, n_codes, history))
+
+
+def checkpoint_and_recipe(target: str) -> tuple[Path, str, dict, dict]:
+    """(directory, name, record, recipe arguments) of a shipped stand-in's name or a checkpoint directory.
+    A shipped one's record must give the arguments of its STANDINS entry."""
+    directory = ASSETS / target if target in STANDINS else Path(target)
+    if not directory.is_dir():
+        raise SystemExit(f"{target!r} is neither a shipped stand-in ({', '.join(STANDINS)}) nor a checkpoint directory")
+    rec = read_record(directory)
+    name = target if target in STANDINS else directory.name
+    recipe = {**DEFAULTS, **STANDINS[name]} if target in STANDINS else {k: rec[k] for k in DEFAULTS if k in rec}
+    return directory, name, rec, recipe
+
+
+def check_recipe(target: str) -> list[str]:
+    """What is wrong with a checkpoint against the current recipe: [] when its files hash to its record
+    and the recipe's first PROBE_STEPS steps reproduce its recipe hash."""
+    directory, name, rec, recipe = checkpoint_and_recipe(target)
+    if "recipe_sha" not in rec:
+        return [f"{directory}: its record has no recipe_sha: an earlier recipe built it; rebuild it with "
+                f"`python scripts/train_standin.py {name}` and rerun the results rows on it"]  # fmt: skip
+    problems = [f"{directory}: its record says {k}={rec.get(k)!r}, the recipe {v!r}"
+                for k, v in recipe.items() if rec.get(k) != v]  # fmt: skip
+    weights = tensors_sha(checkpoint_tensors(directory))[:16]
+    if weights != rec.get("weights_sha"):
+        problems.append(f"{directory}: its weights hash to {weights}, its record says {rec.get('weights_sha')}")
+    probe = build(name, recipe, None, probe_only=True)["recipe_sha"]
+    if probe != rec["recipe_sha"]:
+        problems.append(f"{directory}: the current recipe hashes to {probe}, the checkpoint's record says "
+                        f"{rec['recipe_sha']}: the code that trains it changed since it was built")  # fmt: skip
+    return problems
+
+
+def check_retrain(target: str) -> list[str]:
+    """Retrain a checkpoint from its recipe in full and compare every tensor of the result with its files."""
+    directory, name, _, recipe = checkpoint_and_recipe(target)
+    with tempfile.TemporaryDirectory() as tmp:
+        build(name, recipe, Path(tmp))
+        ours, theirs = checkpoint_tensors(Path(tmp)), checkpoint_tensors(directory)
+    if ours.keys() != theirs.keys():
+        return [f"{directory}: the retrain writes tensors {sorted(ours.keys() ^ theirs.keys())} it does not"]
+    differ = [k for k in ours if not torch.equal(ours[k], theirs[k])]
+    gap = {k: float((ours[k].float() - theirs[k].float()).abs().max()) for k in differ}
+    return [f"{directory}: {k} differs from the retrain by up to {gap[k]:.3g}" for k in differ]
 
 
 def main() -> None:
@@ -117,7 +221,15 @@ def main() -> None:
     for key, value in DEFAULTS.items():
         ap.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
     ap.add_argument("--out", type=Path, help="default sjd/assets/<name>")
+    ap.add_argument("--check-recipe", metavar="NAME_OR_DIR", help="check a checkpoint's hashes against the recipe")
+    ap.add_argument("--check", metavar="NAME_OR_DIR", help="retrain a checkpoint and compare it bit for bit")
     args = ap.parse_args()
+    for target, check in ((args.check_recipe, check_recipe), (args.check, check_retrain)):
+        if target is None:
+            continue
+        problems = check(target)
+        print("\n".join(problems) if problems else f"{target}: reproduced by the current recipe")
+        sys.exit(1 if problems else 0)
     if args.custom:
         build(args.custom, {k: getattr(args, k) for k in DEFAULTS}, args.out or ASSETS / args.custom)
         return

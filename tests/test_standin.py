@@ -177,3 +177,75 @@ def test_a_missing_standin_names_the_key_and_the_path(tmp_path):
         StandinLuminaAdapter(asset="no_such_standin", name="x")
     with pytest.raises(ValueError, match=r"model\.adapter\.resolution=768.*trained at 512"):
         StandinLuminaAdapter(asset="standin_lumina_512", resolution=768)
+
+
+# Shipped before checkpoints recorded their recipe's hash. None retrains bit for bit under the current script
+# (docs/real-models.md, "Stand-in models"); rebuilding one records its hashes and takes it off this list,
+# and a stand-in added without them fails the test below.
+BUILT_BEFORE_RECIPE_HASHES = {"standin_llamagen_512", "standin_lumina_512", "standin_lumina_512_low",
+                              "standin_lumina_512_smooth", "standin_lumina_768"}  # fmt: skip
+
+
+def _train_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_standin", ROOT / "scripts" / "train_standin.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _script(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(ROOT / "scripts" / "train_standin.py"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+
+
+def test_every_shipped_standin_records_its_recipe_and_its_files_hash_to_the_record():
+    script = _train_script()
+    assert set(script.STANDINS) == set(STANDINS)
+    unhashed = set()
+    for name in script.STANDINS:
+        directory = script.ASSETS / name
+        record = script.read_record(directory)
+        assert {k: record[k] for k in script.DEFAULTS if k in record} == {
+            k: v for k, v in {**script.DEFAULTS, **script.STANDINS[name]}.items() if k in record
+        }, name
+        if "recipe_sha" not in record:
+            unhashed.add(name)
+            continue
+        assert script.tensors_sha(script.checkpoint_tensors(directory))[:16] == record["weights_sha"], name
+    assert unhashed == BUILT_BEFORE_RECIPE_HASHES
+
+
+@pytest.mark.slow
+def test_a_checkpoint_is_checked_against_its_recipe_by_hash_and_by_a_bit_for_bit_retrain(tmp_path):
+    """What a user runs: `train_standin.py --check-recipe` (the files against their record, and the first
+    steps of training against the recipe hash) and `--check` (a full retrain, every tensor compared), on a
+    tiny checkpoint the script built; then on the same checkpoint with one weight changed, with its record
+    claiming another seed, and on a shipped stand-in that predates the hashes."""
+    out = tmp_path / "tiny"
+    built = _script("--custom", "tiny", "--resolution", "64", "--steps", "4", "--batch-size", "2", "--out", str(out))
+    assert built.returncode == 0, built.stderr[-2000:]
+    for check in ("--check-recipe", "--check"):
+        proc = _script(check, str(out))
+        assert proc.returncode == 0 and "reproduced by the current recipe" in proc.stdout, proc.stdout + proc.stderr
+
+    from safetensors.torch import save_file
+
+    weights = load_file(out / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name].clone()
+    weights[name].view(-1)[0] += 1
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    for check, message in (("--check-recipe", "its weights hash to"), ("--check", f"{name} differs from the retrain")):
+        proc = _script(check, str(out))
+        assert proc.returncode == 1 and message in proc.stdout, proc.stdout + proc.stderr
+
+    script = _train_script()
+    record = script.read_record(out)
+    script.write_record(out, {**record, "seed": 1})  # the record of another recipe: its probe hashes otherwise
+    proc = _script("--check-recipe", str(out))
+    assert proc.returncode == 1 and "the code that trains it changed" in proc.stdout, proc.stdout + proc.stderr
+
+    proc = _script("--check-recipe", "standin_lumina_512")
+    assert proc.returncode == 1 and "an earlier recipe built it" in proc.stdout, proc.stdout + proc.stderr

@@ -10,6 +10,7 @@ are a pure function of (seed, step).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import dataclass
@@ -129,8 +130,28 @@ def lumina_loss(adapter: LuminaAdapter, images: ProceduralImages, settings: Trai
     return code_loss(adapter, make_batch(adapter, images, settings, step))
 
 
-def train(model: torch.nn.Module, loss_at, settings: TrainSettings, log_every: int = 25) -> list[dict]:
-    """Train `model` in place on `loss_at(step)`; returns the loss log (nats per code token)."""
+def tensors_sha(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 of named tensors (names sorted; dtype, shape and bytes of each): equal only when bit for bit equal."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def train(
+    model: torch.nn.Module,
+    loss_at,
+    settings: TrainSettings,
+    log_every: int = 25,
+    probe_steps: int | None = None,
+    probe_only: bool = False,
+) -> list[dict]:
+    """Train `model` in place on `loss_at(step)`; returns the loss log (nats per code token). With
+    `probe_steps`, the log also records the weights' sha256 after that many steps (`probe_sha`), the
+    cheap fingerprint of a recipe's code; with `probe_only` training stops there (on the full run's
+    learning-rate schedule, so the fingerprint is the full run's)."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
     history, t0 = [], time.perf_counter()
@@ -145,5 +166,9 @@ def train(model: torch.nn.Module, loss_at, settings: TrainSettings, log_every: i
         if step % log_every == 0 or step == settings.steps - 1:
             history.append({"step": step, "loss": float(loss.detach()), "seconds": time.perf_counter() - t0})
             print(f"step {step:5d}  loss {float(loss.detach()):.3f} nats  {time.perf_counter() - t0:.0f}s", flush=True)
+        if probe_steps is not None and step == probe_steps - 1:
+            history.append({"step": step, "probe_sha": tensors_sha(model.state_dict())})
+            if probe_only:
+                break
     model.eval()
     return history
