@@ -147,8 +147,9 @@ def build_llamagen(name: str, a: dict, out: Path | None, probe_only: bool) -> di
                     probe_steps=min(PROBE_STEPS, a["steps"]), probe_only=probe_only)  # fmt: skip
     if probe_only:
         return {"recipe_sha": recipe_sha(a, history)}
-    llamagen.save(adapter.gpt, *parts[1:], out, record(a, n_codes, history))
-    return finish(out, record(a, n_codes, history))
+    rec = record(a, n_codes, history)
+    llamagen.save(adapter.gpt, *parts[1:], out, rec)
+    return finish(out, rec)
 
 
 def build_lumina(name: str, a: dict, out: Path | None, probe_only: bool) -> dict:
@@ -166,8 +167,9 @@ def build_lumina(name: str, a: dict, out: Path | None, probe_only: bool) -> dict
                     probe_steps=min(PROBE_STEPS, a["steps"]), probe_only=probe_only)  # fmt: skip
     if probe_only:
         return {"recipe_sha": recipe_sha(a, history)}
-    save(adapter.model, tokenizer, out, record(a, n_codes, history))
-    return finish(out, record(a, n_codes, history))
+    rec = record(a, n_codes, history)
+    save(adapter.model, tokenizer, out, rec)
+    return finish(out, rec)
 
 
 def checkpoint_and_recipe(target: str) -> tuple[Path, str, dict, dict]:
