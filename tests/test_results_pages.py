@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from sjd.harness import reports
-from sjd.harness.reports.tables import with_interval
+from sjd.harness.reports.tables import interval_cells, with_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY_CSVS = sorted((ROOT / "results" / "studies").glob("*.csv"))
@@ -101,6 +101,17 @@ def test_a_ratio_from_one_prompt_says_it_has_no_interval():
     assert with_interval(2.0, float("nan"), float("nan"), ".2f", 1) == "2.00 (n/a: one prompt)"
     assert with_interval(2.0, float("nan"), float("nan"), ".2f", 4) == "2.00 (n/a: rerun)"
     assert with_interval(2.0, 1.5, 2.5, ".2f", 4, "x") == "2.00x (1.50-2.50)"
+
+
+def test_a_page_counts_prompts_not_samples_when_it_explains_a_missing_interval():
+    # four samples of one prompt (seeds_per_prompt=4) have no interval over prompts; a row from before
+    # runs recorded n_captions cannot say why it has none
+    rows = pd.DataFrame({"decoder": ["ar", "sjd"], "step_compression": [1.0, 3.0], "n_prompts": [4, 4],
+                         "step_compression_lo": [float("nan")] * 2, "step_compression_hi": [float("nan")] * 2})
+    lo, hi = "step_compression_lo", "step_compression_hi"
+    assert interval_cells(rows, "step_compression", lo, hi, ".2f", "ar")[1] == "3.00 (n/a: rerun)"
+    one_prompt = rows.assign(n_captions=[1, 1])
+    assert interval_cells(one_prompt, "step_compression", lo, hi, ".2f", "ar")[1] == "3.00 (n/a: one prompt)"
 
 
 def test_a_row_whose_command_no_study_lists_is_refused(pages, tmp_path):

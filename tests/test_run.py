@@ -15,6 +15,7 @@ SUMMARY_FIELDS = {
     "model",
     "decoder",
     "n_prompts",
+    "n_captions",
     "n_tokens",
     "n_forward",
     "step_compression",

@@ -32,6 +32,7 @@ SUMMARY_COLUMNS = [
     "decoder",
     "schedule",
     "n_prompts",
+    "n_captions",
     "n_tokens",
     "entropy_nats",
     "n_forward",
@@ -281,6 +282,8 @@ def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.Dat
                 "decoder": decoder,
                 "schedule": meta.get("decoder_configs", {}).get(decoder, {}).get("schedule", ""),  # "" for AR
                 "n_prompts": len(df),
+                # the intervals' units: distinct prompts (a prompt's seeds are one unit)
+                "n_captions": int(df["prompt_id"].nunique()) if "prompt_id" in df else len(df),
                 "n_tokens": float(df["n_tokens"].mean()),
                 "entropy_nats": mean_entropy(df),
                 "n_forward": float(df["n_forward"].mean()),

@@ -36,9 +36,11 @@ COLUMNS = (
 # Ratio columns printed with their 95% interval beside them: column -> the columns of its interval.
 INTERVALS = {c: (f"{c}_lo", f"{c}_hi") for c in ("step_compression", "latency_speedup", "efficiency")}
 NO_INTERVAL = "n/a: rerun"  # a row written before runs recorded intervals
+ONE_PROMPT = "n/a: one prompt"  # a run of one prompt (its seeds are one unit): no spread over prompts to measure
 INTERVAL_LEGEND = (
     "A ratio's parentheses hold its 95% interval over prompts (a paired bootstrap against the decoder it is "
-    f"a ratio to, docs/evaluation.md); `{NO_INTERVAL}` marks rows written before runs recorded intervals."
+    f"a ratio to, docs/evaluation.md); `{NO_INTERVAL}` marks rows written before runs recorded intervals, "
+    f"`{ONE_PROMPT}` a run of a single prompt."
 )
 
 
@@ -84,7 +86,7 @@ def with_interval(value, lo, hi, fmt: str, n_units: float | None = None, unit: s
     shown += unit
     if cell(lo, fmt) and cell(hi, fmt):
         return f"{shown} ({cell(lo, fmt)}-{cell(hi, fmt)})"
-    reason = "n/a: one prompt" if n_units is not None and not pd.isna(n_units) and n_units < 2 else NO_INTERVAL
+    reason = ONE_PROMPT if n_units is not None and not pd.isna(n_units) and n_units < 2 else NO_INTERVAL
     return f"{shown} ({reason})"
 
 
@@ -94,7 +96,7 @@ def interval_cells(
     """A ratio column with its interval beside each value; the reference row (a ratio to itself) bare."""
     missing = pd.Series([float("nan")] * len(rows), index=rows.index)
     los, his = rows[lo] if lo in rows else missing, rows[hi] if hi in rows else missing
-    units = rows["n_prompts"] if "n_prompts" in rows else missing
+    units = rows["n_captions"] if "n_captions" in rows else missing  # older rows lack it: NO_INTERVAL
     return [
         cell(v, fmt) + unit if d == reference else with_interval(v, a, b, fmt, n, unit)
         for d, v, a, b, n in zip(rows["decoder"], rows[column], los, his, units)
