@@ -106,8 +106,15 @@ def test_a_ratio_from_one_prompt_says_it_has_no_interval():
 def test_a_page_counts_prompts_not_samples_when_it_explains_a_missing_interval():
     # four samples of one prompt (seeds_per_prompt=4) have no interval over prompts; a row from before
     # runs recorded n_captions cannot say why it has none
-    rows = pd.DataFrame({"decoder": ["ar", "sjd"], "step_compression": [1.0, 3.0], "n_prompts": [4, 4],
-                         "step_compression_lo": [float("nan")] * 2, "step_compression_hi": [float("nan")] * 2})
+    rows = pd.DataFrame(
+        {
+            "decoder": ["ar", "sjd"],
+            "step_compression": [1.0, 3.0],
+            "n_prompts": [4, 4],
+            "step_compression_lo": [float("nan")] * 2,
+            "step_compression_hi": [float("nan")] * 2,
+        }
+    )
     lo, hi = "step_compression_lo", "step_compression_hi"
     assert interval_cells(rows, "step_compression", lo, hi, ".2f", "ar")[1] == "3.00 (n/a: rerun)"
     one_prompt = rows.assign(n_captions=[1, 1])
