@@ -270,6 +270,7 @@ def run_meta(
     """The run's record: meta.json, and the provenance columns of every summary row."""
     return {
         "model": adapter.name,
+        "model_training": adapter.training_record,  # a stand-in's recipe and hashes; None for released weights
         "prompt_set": prompt_set.name,
         "prompt_file_sha256": prompt_set.sha256,
         "prompt_selection": prompt_set.selection,

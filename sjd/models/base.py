@@ -36,6 +36,9 @@ class ModelAdapter(ABC):
     # Which rule of the official SJD scripts sets the Jacobi interval under decoder.schedule=official
     # (sjd.core.schedule.official_interval); `generic` for models the official code never ran.
     official_schedule: str = "generic"
+    # How the checkpoint was made, where the project made it (a stand-in's training record: its recipe,
+    # recipe_sha and weights_sha, scripts/train_standin.py); None for released weights. Runs record it.
+    training_record: dict | None = None
 
     @abstractmethod
     def prefill(self, prompts: Sequence[Prompt], with_uncond: bool) -> Logits:

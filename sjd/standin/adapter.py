@@ -50,7 +50,9 @@ def paint(colours: torch.Tensor, codes: torch.Tensor) -> np.ndarray:
 def procedural_images(meta: dict) -> ProceduralImages:
     return ProceduralImages(n_codes=int(meta["n_codes"]), noise=float(meta["noise"]),
                             codebook_seed=int(meta["codebook_seed"]), streak=float(meta.get("streak", 0)),
-                            streak_corr=float(meta.get("streak_corr", 0.85)))  # fmt: skip
+                            streak_corr=float(meta.get("streak_corr", 0.85)),
+                            vstreak=float(meta.get("vstreak", 0)), edge=float(meta.get("edge", 6.0)),
+                            tint=float(meta.get("tint", 0)), row_tint=float(meta.get("row_tint", 0)))  # fmt: skip
 
 
 class StandinLuminaAdapter(LuminaAdapter):
@@ -76,7 +78,7 @@ class StandinLuminaAdapter(LuminaAdapter):
                 f"model.adapter.resolution={resolution}, but the stand-in at {directory} was trained at {trained} px"
             )
         super().__init__(str(directory), None, name, device, trained, dtype, False, prompt_template)
-        self.meta = meta
+        self.meta = self.training_record = meta
         self.images = procedural_images(meta)
         self.colours = torch.from_numpy(self.images.codebook())
 
@@ -126,7 +128,7 @@ class StandinLlamaGenAdapter(LlamaGenAdapter):
         gpt = gpt_fields(int(meta["hidden"]), int(meta["layers"]), int(meta["heads"]))
         super().__init__(str(directory / "gpt.safetensors"), str(directory / "vq.safetensors"), str(directory / "t5"),
                          name, device, dtype, int(meta["resolution"]), gpt, VQ_FIELDS)  # fmt: skip
-        self.meta = meta
+        self.meta = self.training_record = meta
         self.images = procedural_images(meta)
         self.colours = torch.from_numpy(self.images.codebook())
 

@@ -8,7 +8,13 @@ its nearest code, as a VQ tokenizer would. So the codes' statistics are noisy (t
 noise sets how many codes a pixel can become, hence the model's per-token entropy), while their
 layout has spatial structure a model can only predict from the codes around a position: the
 field, the region edges and the caption's colours. An optional streak texture, correlated along
-each row, makes the codes just to the left of a position more informative than the row above.
+each row, makes the codes just to the left of a position more informative than the row above; an
+optional column streak, correlated down each column, makes the code just above informative too (a
+real image's texture depends on both, and a window that spans two rows then holds uncommitted codes
+that the second row's codes depend on). An optional tint shifts each of an image's two colours by its
+own random offset, and a row tint each row: the caption does not say them, so a model estimates them
+from every code it has seen of that colour or row, and each code then moves the predictions of all
+the codes after it a little (long-range, weak dependence, as a real model's on its context).
 
 Captions name the two colours and the texture: "a rippled red field with blue patches".
 """
@@ -70,8 +76,11 @@ class ProceduralImages:
     codebook_seed: int = 0
     streak: float = 0.0  # std of a texture component correlated along each row (0 = none)
     streak_corr: float = 0.85  # its correlation from one code to the next in the row (an AR(1) process)
+    vstreak: float = 0.0  # std of a component correlated down each column, with the same correlation (0 = none)
     n_waves: int = 3
     edge: float = 6.0  # sharpness of the region mask: tanh(edge * waves)
+    tint: float = 0.0  # std of a random offset of each of the image's two colours, per image (0 = none)
+    row_tint: float = 0.0  # std of a random offset of each row's colours (0 = none)
 
     def codebook(self) -> np.ndarray:
         """[n_codes, 3] code colours in the unit cube."""
@@ -90,8 +99,11 @@ class ProceduralImages:
             waves += rng.normal() * np.cos(2 * np.pi * (u * r + v * c) + rng.uniform(0, 2 * np.pi))
         mask = 0.5 + 0.5 * np.tanh(self.edge * waves / np.sqrt(self.n_waves) - rng.normal(0.5, 0.3))
         base, patch = np.array(COLOURS[theme.base]), np.array(COLOURS[theme.patch])
+        if self.tint > 0:  # what this image's colours are, beyond the caption's names for them
+            base, patch = base + rng.normal(0.0, self.tint, 3), patch + rng.normal(0.0, self.tint, 3)
         shade = 0.08 * np.cos(2 * np.pi * (r * rng.normal() + c * rng.normal()) + rng.uniform(0, 2 * np.pi))
-        return np.clip(base + mask[..., None] * (patch - base) + shade[..., None], 0.0, 1.0)
+        rows = rng.normal(0.0, self.row_tint, (height, 1, 3)) if self.row_tint > 0 else 0.0
+        return np.clip(base + mask[..., None] * (patch - base) + shade[..., None] + rows, 0.0, 1.0)
 
     def sample(
         self, theme: Theme, height: int, width: int, rng: np.random.Generator, codebook: np.ndarray
@@ -99,13 +111,20 @@ class ProceduralImages:
         """[height, width] code indices of one image: field + texture noise, nearest code."""
         pixels = self.field(theme, height, width, rng) + rng.normal(0.0, self.noise, (height, width, 3))
         if self.streak > 0:  # row-wise AR(1) texture: what the codes to the left predict and the row above does not
-            rho, shocks = self.streak_corr, rng.normal(0.0, self.streak, (height, width, 3))
-            streak = np.empty_like(shocks)
-            streak[:, 0] = shocks[:, 0]
-            for c in range(1, width):
-                streak[:, c] = rho * streak[:, c - 1] + np.sqrt(1 - rho**2) * shocks[:, c]
-            pixels += streak
+            pixels += ar1_texture(rng.normal(0.0, self.streak, (height, width, 3)), self.streak_corr)
+        if self.vstreak > 0:  # column-wise AR(1): what the code above predicts
+            columns = ar1_texture(rng.normal(0.0, self.vstreak, (width, height, 3)), self.streak_corr)
+            pixels += columns.transpose(1, 0, 2)
         return nearest_code(pixels.reshape(-1, 3), codebook).reshape(height, width)
+
+
+def ar1_texture(shocks: np.ndarray, rho: float) -> np.ndarray:
+    """An AR(1) process along axis 1 of `shocks` [rows, length, 3], of the shocks' variance throughout."""
+    out = np.empty_like(shocks)
+    out[:, 0] = shocks[:, 0]
+    for i in range(1, shocks.shape[1]):
+        out[:, i] = rho * out[:, i - 1] + np.sqrt(1 - rho**2) * shocks[:, i]
+    return out
 
 
 def nearest_code(pixels: np.ndarray, codebook: np.ndarray) -> np.ndarray:

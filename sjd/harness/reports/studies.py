@@ -13,6 +13,7 @@ FIGURES = {  # figure -> the columns its rows need
     "pareto": ("latency_speedup", "audit_tv", "fid", "lossless_expected"),
     "accept_hist": ("accept_hist", "mean_accepted"),
     "regime": ("step_compression", "entropy_nats"),
+    "calibration": ("step_compression", "entropy_nats"),  # a table, not a figure (calibration_page.py)
 }
 
 

@@ -1,0 +1,134 @@
+"""A calibration page's closing section: how near each stand-in comes to the published Lumina-mGPT ratios.
+
+Input: the latest run of each listed command of a `standin_calibration` study (AR, official-schedule SJD at
+window 16 and SCD and SJD-PAC at window 64, all on the same prompts and seeds). Per run, the three anchors
+of sjd.harness.regime (SJD over AR, SCD over SJD, SJD-PAC over SJD) with their 95% intervals, which here are
+paired bootstraps over the prompts (the three decoders ran in one run), against the published values in
+results/paper/published.csv. A stand-in is calibrated when every anchor lies within TOLERANCE of the paper's.
+Each run's stand-in is named by its training record (`model_training`: the recipe, its hashes), so the page
+also prints the command that rebuilds a checkpoint the project does not ship.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pandas as pd
+
+from sjd.harness import regime
+from sjd.harness.reports.tables import cell, latest_run, markdown, with_interval
+
+TOLERANCE = 0.15
+# anchor name -> (our decoder, its summary column, its interval's columns); the published rows are regime.ANCHORS'
+OURS = {
+    "SJD over AR": ("sjd_official", "step_compression"),
+    "SCD over SJD": ("scd_official_w64", "vs_sjd_official"),
+    "SJD-PAC over SJD": ("sjd_pac_official_w64", "vs_sjd_official"),
+}
+# The training arguments a page shows (scripts/train_standin.py); the others keep their defaults.
+RECIPE_SHOWN = ("resolution", "noise", "streak", "streak_corr", "vstreak", "edge", "tint", "row_tint", "steps",
+                "hidden", "layers", "seed")  # fmt: skip
+RECIPE_DEFAULTS = {"streak": 0.0, "streak_corr": 0.85, "vstreak": 0.0, "edge": 6.0, "tint": 0.0, "row_tint": 0.0,
+                   "steps": 200, "hidden": 64, "layers": 2, "seed": 0}  # fmt: skip
+
+
+def published_anchors(published: pd.DataFrame) -> dict[str, float]:
+    """anchor name -> the paper's ratio (regime.ANCHORS' published rows)."""
+
+    def compression(row: tuple[str, str]) -> float:
+        rows = published[(published["table"] == row[0]) & (published["method"] == row[1])]
+        return float(rows["step_compression"].iloc[0]) if len(rows) else float("nan")
+
+    return {name: compression(pub) / compression(ref) for name, *_, pub, ref in regime.ANCHORS}
+
+
+def weights_of(command: str) -> str | None:
+    """The checkpoint directory a command points the model at (model.adapter.weights=...), if any."""
+    for word in shlex.split(command):
+        if word.startswith("model.adapter.weights="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def overrides(command: str) -> str:
+    """What a command sets beyond its experiment (`-` for none)."""
+    words = [w for w in shlex.split(command)[2:] if not w.startswith("experiment=")]
+    return " ".join(f"`{w}`" for w in words) or "-"
+
+
+def rebuild_command(training: dict, out: str) -> str:
+    """The train_standin.py command that builds this training record's checkpoint at `out`."""
+    name = out.rstrip("/").rsplit("/", 1)[-1]
+    args = [f"--{k.replace('_', '-')} {training[k]}" for k in RECIPE_SHOWN if k in training
+            and k != "resolution" and training[k] != RECIPE_DEFAULTS.get(k)]  # fmt: skip
+    resolution = [] if int(training.get("resolution", 512)) == 512 else [f"--resolution {training['resolution']}"]
+    return " ".join(["python scripts/train_standin.py --custom", name, *resolution, *args, "--out", out])
+
+
+def recipe_text(training: dict) -> str:
+    return ", ".join(f"{k}={training[k]}" for k in RECIPE_SHOWN if k in training)
+
+
+def run_anchors(rows: pd.DataFrame, published: dict[str, float]) -> dict:
+    """One run's row of the calibration table."""
+    training = json.loads(rows["model_training"].iloc[0]) if "model_training" in rows else None
+    ar = rows[rows["decoder"] == rows["baseline"].iloc[0]]
+    command = str(rows["command"].iloc[0])
+    entropy = float(ar["entropy_nats"].iloc[0]) if len(ar) else float("nan")
+    out = {"command": command, "model": rows["model"].iloc[0], "weights": weights_of(command) or "shipped",
+           "training": training or {}, "entropy_nats": entropy}  # fmt: skip
+    for name, (decoder, column) in OURS.items():
+        row = rows[rows["decoder"] == decoder]
+        value, lo, hi = (float(row[c].iloc[0]) if len(row) and c in row else float("nan")
+                         for c in (column, f"{column}_lo", f"{column}_hi"))  # fmt: skip
+        theirs = published[name]
+        out[name] = (value, lo, hi, value / theirs, lo / theirs, hi / theirs)
+    out["calibrated"] = all(abs(out[name][3] - 1) <= TOLERANCE for name in OURS)
+    return out
+
+
+def calibration_section(results: pd.DataFrame, commands: list[str], published: pd.DataFrame) -> list[str]:
+    """The table of every listed command's latest run: its stand-in, and each anchor with its interval
+    and its fraction of the published value; then a sentence per run and the rebuild commands."""
+    recorded = results["command"] if "command" in results else pd.Series([None] * len(results))
+    runs = [run_anchors(latest_run(results[recorded == c]), published_anchors(published))
+            for c in commands if (recorded == c).any()]  # fmt: skip
+    if not runs:
+        return ["No calibration runs yet: no listed command has rows.", ""]
+    theirs = published_anchors(published)
+    lines = [
+        "## Against the published ratios",
+        "",
+        "Each run's three anchors, next to what the papers report on Lumina-mGPT 7B (`results/paper/published.csv`): "
+        f"{', '.join(f'{n} {theirs[n]:.2f}' for n in OURS)}. The three decoders ran on the same prompts and seeds, "
+        "so every interval is a paired bootstrap over prompts (docs/evaluation.md). A stand-in is calibrated when "
+        f"each anchor lies within {TOLERANCE:.0%} of the paper's (0.85 to 1.15 in the `of published` columns).",
+        "",
+    ]
+    table = pd.DataFrame(
+        {
+            "model": [r["model"] for r in runs],
+            "overrides": [overrides(r["command"]) for r in runs],
+            "recipe": [recipe_text(r["training"]) or "-" for r in runs],
+            "entropy_nats": [cell(r["entropy_nats"], ".2f") for r in runs],
+            **{
+                heading: [with_interval(*r[name][i : i + 3], ".2f", 2) for r in runs]
+                for name in OURS
+                for heading, i in ((name, 0), (f"{name}, of published", 3))
+            },
+            "calibrated": ["yes" if r["calibrated"] else "no" for r in runs],
+        }
+    )
+    lines += [markdown(table), ""]
+    for r in runs:
+        missed = [f"{n} {r[n][3]:.2f} of published" for n in OURS if abs(r[n][3] - 1) > TOLERANCE]
+        where = f"`{r['model']}`" + (f" at `{r['weights']}`" if r["weights"] != "shipped" else "")
+        verdict = "is calibrated" if r["calibrated"] else "is not calibrated: " + ", ".join(missed)
+        lines.append(f"- {where} {verdict}.")
+    rebuilt = [(r["weights"], r["training"]) for r in runs if r["weights"] != "shipped" and r["training"]]
+    if rebuilt:
+        lines += ["", "Checkpoints the project does not ship; each command rebuilds one from its recorded recipe "
+                  "(`scripts/train_standin.py --check-recipe DIR` confirms the rebuild):", ""]  # fmt: skip
+        lines += [f"    {rebuild_command(training, out)}" for out, training in rebuilt]
+    return [*lines, ""]
