@@ -287,3 +287,22 @@ def test_without_power_the_goal_names_the_passing_decoder_and_says_it_is_not_aud
     assert "no lossless decoder is audited with power at window 16; of those whose one-sample audit passes" in page
     assert "is `scd_official`: 1.50x" in page
     assert "on 60000 tokens, fewer than the 100000 that detect a 0.01 nats/token excess" in page
+
+
+def test_the_regime_page_counts_the_one_sample_audits_of_exact_decoders_across_seeds(pages, tmp_path):
+    conf, results, out = (tmp_path / d for d in ("conf", "results", "docs"))
+    conf.mkdir()
+    results.mkdir()
+    (conf / "regime.yaml").write_text(
+        REGIME_OVERLAY.replace("model=b decoder.window=16", "model=a decoder.window=16 seed=1")
+    )
+    decoders = {"sjd_official": 2.0, "sjd_harness": 2.5, "scd_official": 3.0, "lossy": 5.0}
+    seed0 = [r | {"seed": 0} for r in regime_rows("a", 4.5, decoders, {}, {"scd_official": 2e-4, "lossy": 1e-9})]
+    again = {"seed": 1, "run_dir": "a1", "command": "python run.py experiment=regime model=a decoder.window=16 seed=1"}
+    seed1 = [r | again for r in regime_rows("a", 4.5, decoders, {}, {"sjd_official": 0.03})]
+    pd.DataFrame(seed0 + seed1).to_csv(results / "regime.csv", index=False)
+    pages.render_all(results, conf, out, tmp_path / "tables")
+    page = (out / "regime.md").read_text()
+    assert "## The one-sample audit at several seeds" in page
+    # AR and the three lossless decoders at two seeds: 8 audits, one failing; the lossy decoder does not count
+    assert "| a | 0, 1 | 8 | 7 | 0.0002 | scd_official, seed 0 |" in page

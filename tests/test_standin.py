@@ -249,3 +249,16 @@ def test_a_checkpoint_is_checked_against_its_recipe_by_hash_and_by_a_bit_for_bit
 
     proc = _script("--check-recipe", "standin_lumina_512")
     assert proc.returncode == 1 and "an earlier recipe built it" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_dependence_profile_shows_a_lumina_stand_in_leaning_on_the_previous_code():
+    """`scripts/standin_dependence.py` as a user runs it, at its smallest size: one changed code, one image.
+    The shipped Lumina stand-in's next-code distribution moves far more when the previous code changes than
+    when a code 16 back does (docs/real-models.md, "what a stand-in cannot say")."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "standin_dependence.py"), "standin_lumina_512",
+           "--changes", "1", "--images", "1", "--offsets", "1,16"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| standin_lumina_512 |"))
+    near, far = (float(x) for x in row.strip("| ").split(" | ")[1:])
+    assert 0 <= far < near <= 1, row

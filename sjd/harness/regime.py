@@ -213,6 +213,33 @@ AUDITED_TEXT = (
 )
 
 
+def seed_calibration(runs: list[pd.DataFrame]) -> pd.DataFrame:
+    """The one-sample audit across seeds, per model: over every listed run's AR and lossless-claiming rows
+    with a one-sample p, how many (decoder, seed) audits there were, how many passed at p > TF_ALPHA, and
+    the smallest p with its decoder and seed. Exact samplers give uniform p's, so about TF_ALPHA of the
+    audits fail by chance; many more failures mean the audit (or a decoder) is miscalibrated."""
+    rows = []
+    for run in runs:
+        if "tf_p" not in run:
+            continue
+        lossless = json.loads(run["decoder_lossless"].iloc[0])
+        claims = run["decoder"].isin([d for d, exact in lossless.items() if exact])
+        audited = run[claims & run["tf_p"].notna()]
+        rows += [{"model": r["model"], "seed": int(r.get("seed", 0)), "decoder": r["decoder"], "tf_p": float(r["tf_p"]),
+                  "tf_n_tokens": r.get("tf_n_tokens", np.nan)} for _, r in audited.iterrows()]  # fmt: skip
+    if not rows:
+        return pd.DataFrame(columns=["model", "seeds", "audits", "passing", "smallest_p", "smallest_at"])
+    audits = pd.DataFrame(rows).drop_duplicates(["model", "seed", "decoder"], keep="last")
+    out = []
+    for model, group in audits.groupby("model", sort=False):
+        worst = group.loc[group["tf_p"].idxmin()]
+        seeds = ", ".join(str(s) for s in sorted(group["seed"].unique()))
+        out.append({"model": model, "seeds": seeds, "audits": len(group),
+                    "passing": int((group["tf_p"] > TF_ALPHA).sum()), "smallest_p": float(worst["tf_p"]),
+                    "smallest_at": f"{worst['decoder']}, seed {worst['seed']}"})  # fmt: skip
+    return pd.DataFrame(out)
+
+
 def power_text(table: pd.DataFrame) -> str:
     """What the page's audits can and cannot say, from which audits its rows carry."""
     tf = table["tf_p"].notna().any() if "tf_p" in table else False

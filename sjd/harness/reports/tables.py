@@ -137,7 +137,18 @@ def key_table(rows: pd.DataFrame, figure: str | None) -> pd.DataFrame:
 
 def markdown(table: pd.DataFrame) -> str:
     head = "| " + " | ".join(table.columns) + " |"
-    text = ("decoder", "settings", "model", "anchor", "schedule", "overrides", "recipe", "calibrated")
+    text = (
+        "decoder",
+        "settings",
+        "model",
+        "anchor",
+        "schedule",
+        "overrides",
+        "recipe",
+        "calibrated",
+        "seeds",
+        "smallest_at",
+    )
     rule = "| " + " | ".join("---" if c in text else "---:" for c in table.columns) + " |"
     body = ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
     return "\n".join([head, rule, *body])
