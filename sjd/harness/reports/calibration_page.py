@@ -26,11 +26,15 @@ OURS = {
     "SCD over SJD": ("scd_official_w64", "vs_sjd_official"),
     "SJD-PAC over SJD": ("sjd_pac_official_w64", "vs_sjd_official"),
 }
-# The training arguments a page shows (scripts/train_standin.py); the others keep their defaults.
+# The training arguments a page shows (scripts/train_standin.py), and the script's defaults for every argument:
+# a rebuild command gives each argument that differs from its default (tests/test_calibration_page.py keeps
+# RECIPE_DEFAULTS equal to the script's DEFAULTS).
 RECIPE_SHOWN = ("resolution", "noise", "streak", "streak_corr", "vstreak", "edge", "tint", "row_tint", "steps",
-                "hidden", "layers", "seed")  # fmt: skip
-RECIPE_DEFAULTS = {"streak": 0.0, "streak_corr": 0.85, "vstreak": 0.0, "edge": 6.0, "tint": 0.0, "row_tint": 0.0,
-                   "steps": 200, "hidden": 64, "layers": 2, "seed": 0}  # fmt: skip
+                "hidden", "layers", "heads", "seed")  # fmt: skip
+RECIPE_DEFAULTS = {"family": "lumina", "resolution": 512, "noise": 0.04, "streak": 0.0, "streak_corr": 0.85,
+                   "vstreak": 0.0, "edge": 6.0, "tint": 0.0, "row_tint": 0.0, "steps": 200, "batch_size": 4,
+                   "lr": 3e-3, "hidden": 64, "layers": 2, "heads": 4, "seed": 0, "codebook_seed": 0,
+                   "threads": 1}  # fmt: skip
 
 
 def published_anchors(published: pd.DataFrame) -> dict[str, float]:
@@ -60,10 +64,9 @@ def overrides(command: str) -> str:
 def rebuild_command(training: dict, out: str) -> str:
     """The train_standin.py command that builds this training record's checkpoint at `out`."""
     name = out.rstrip("/").rsplit("/", 1)[-1]
-    args = [f"--{k.replace('_', '-')} {training[k]}" for k in RECIPE_SHOWN if k in training
-            and k != "resolution" and training[k] != RECIPE_DEFAULTS.get(k)]  # fmt: skip
-    resolution = [] if int(training.get("resolution", 512)) == 512 else [f"--resolution {training['resolution']}"]
-    return " ".join(["python scripts/train_standin.py --custom", name, *resolution, *args, "--out", out])
+    args = [f"--{k.replace('_', '-')} {training[k]}" for k, default in RECIPE_DEFAULTS.items()
+            if k in training and training[k] != default]  # fmt: skip
+    return " ".join(["python scripts/train_standin.py --custom", name, *args, "--out", out])
 
 
 def recipe_text(training: dict) -> str:
