@@ -75,7 +75,8 @@ def recipe_text(training: dict) -> str:
 
 def run_anchors(rows: pd.DataFrame, published: dict[str, float]) -> dict:
     """One run's row of the calibration table."""
-    training = json.loads(rows["model_training"].iloc[0]) if "model_training" in rows else None
+    record = rows["model_training"].iloc[0] if "model_training" in rows else None
+    training = json.loads(record) if isinstance(record, str) else None  # None: released weights, or an old row
     ar = rows[rows["decoder"] == rows["baseline"].iloc[0]]
     command = str(rows["command"].iloc[0])
     entropy = float(ar["entropy_nats"].iloc[0]) if len(ar) else float("nan")
