@@ -130,7 +130,7 @@ def calibration_section(results: pd.DataFrame, commands: list[str], published: p
         where = f"`{r['model']}`" + (f" at `{r['weights']}`" if r["weights"] != "shipped" else "")
         verdict = "is calibrated" if r["calibrated"] else "is not calibrated: " + ", ".join(missed)
         lines.append(f"- {where} {verdict}.")
-    rebuilt = [(r["weights"], r["training"]) for r in runs if r["weights"] != "shipped" and r["training"]]
+    rebuilt = list({r["weights"]: r["training"] for r in runs if r["weights"] != "shipped" and r["training"]}.items())
     if rebuilt:
         lines += ["", "Checkpoints the project does not ship; each command rebuilds one from its recorded recipe "
                   "(`scripts/train_standin.py --check-recipe DIR` confirms the rebuild):", ""]  # fmt: skip
