@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import sjd.models.lumina  # noqa: F401  (sjd.standin.adapter needs the Lumina adapter imported first)
 from sjd.standin.adapter import ASSETS, StandinLlamaGenAdapter, StandinLuminaAdapter
 from sjd.standin.training import TrainSettings, llamagen_batch, make_batch
 

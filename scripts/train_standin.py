@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from sjd.standin.lumina import build_model, character_tokenizer, save, vocabulary
-from sjd.standin.procedural import ProceduralImages, all_themes
+from sjd.standin.procedural import RECIPE_DEFAULTS, ProceduralImages, all_themes, images_of
 from sjd.standin.training import (
     TrainSettings,
     init_code_embeddings,
@@ -53,9 +53,7 @@ STANDINS = {
     "standin_lumina_768": dict(resolution=768, noise=0.03, streak=0.05, streak_corr=0.6),
     "standin_llamagen_512": dict(family="llamagen", resolution=512, noise=0.03, streak=0.05, streak_corr=0.6),
 }
-DEFAULTS = dict(family="lumina", resolution=512, noise=0.04, streak=0.0, streak_corr=0.85, vstreak=0.0, edge=6.0,
-                tint=0.0, row_tint=0.0, steps=200, batch_size=4, lr=3e-3, hidden=64, layers=2, heads=4, seed=0,
-                codebook_seed=0, threads=1)  # fmt: skip
+DEFAULTS = RECIPE_DEFAULTS
 
 
 PROMPTS = ASSETS / "prompts" / "standin.tsv"
@@ -82,10 +80,7 @@ def build(name: str, settings: dict, out: Path | None, probe_only: bool = False)
 
 
 def data_and_settings(a: dict, n_codes: int) -> tuple[ProceduralImages, TrainSettings]:
-    images = ProceduralImages(n_codes=n_codes, noise=a["noise"], codebook_seed=a["codebook_seed"], streak=a["streak"],
-                              streak_corr=a["streak_corr"], vstreak=a.get("vstreak", 0.0),
-                              edge=a.get("edge", 6.0), tint=a.get("tint", 0.0),
-                              row_tint=a.get("row_tint", 0.0))  # fmt: skip
+    images = images_of(a, n_codes)
     return images, TrainSettings(steps=a["steps"], batch_size=a["batch_size"], lr=a["lr"], seed=a["seed"])
 
 

@@ -146,10 +146,6 @@ def anchors(table: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
             rows = rows[rows["window"] == window]
         return float(rows[column].iloc[0]) if len(rows) and column in rows else float("nan")
 
-    def published_compression(row: tuple[str, str]) -> float:
-        rows = published[(published["table"] == row[0]) & (published["method"] == row[1])]
-        return float(rows["step_compression"].iloc[0]) if len(rows) else float("nan")
-
     out = []
     for model in dict.fromkeys(table["model"]):
         entropy = float(table.loc[table["model"] == model, "entropy_nats"].iloc[0])
@@ -163,11 +159,22 @@ def anchors(table: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
                                      ((decoder, window), (ref, ref_window)))  # fmt: skip
                 ours = top / bottom
                 lo, hi = ratio_interval(ours, [top_se / top, bottom_se / bottom])
-            theirs = published_compression(pub) / published_compression(pub_ref)
+            theirs = published_ratio(published, pub, pub_ref)
             out.append({"model": model, "entropy_nats": entropy, "anchor": name, "ours": ours, "ours_lo": lo,
                         "ours_hi": hi, "published": theirs, "ours_over_published": ours / theirs,
                         "ours_over_published_lo": lo / theirs, "ours_over_published_hi": hi / theirs})  # fmt: skip
     return pd.DataFrame(out)
+
+
+def published_compression(published: pd.DataFrame, row: tuple[str, str]) -> float:
+    """A (table, method) row's step compression in results/paper/published.csv; NaN when absent."""
+    rows = published[(published["table"] == row[0]) & (published["method"] == row[1])]
+    return float(rows["step_compression"].iloc[0]) if len(rows) else float("nan")
+
+
+def published_ratio(published: pd.DataFrame, row: tuple[str, str], reference: tuple[str, str]) -> float:
+    """An anchor's published value: one published row's step compression over another's."""
+    return published_compression(published, row) / published_compression(published, reference)
 
 
 def ratio_interval(ratio: float, relative_ses: list[float], z: float = 1.959964) -> tuple[float, float]:
@@ -225,8 +232,8 @@ def seed_calibration(runs: list[pd.DataFrame]) -> pd.DataFrame:
         lossless = json.loads(run["decoder_lossless"].iloc[0])
         claims = run["decoder"].isin([d for d, exact in lossless.items() if exact])
         audited = run[claims & run["tf_p"].notna()]
-        rows += [{"model": r["model"], "seed": int(r.get("seed", 0)), "decoder": r["decoder"], "tf_p": float(r["tf_p"]),
-                  "tf_n_tokens": r.get("tf_n_tokens", np.nan)} for _, r in audited.iterrows()]  # fmt: skip
+        rows += [{"model": r["model"], "seed": int(r.get("seed", 0)), "decoder": r["decoder"], "tf_p": float(r["tf_p"])}
+                 for _, r in audited.iterrows()]  # fmt: skip
     if not rows:
         return pd.DataFrame(columns=["model", "seeds", "audits", "passing", "smallest_p", "smallest_at"])
     audits = pd.DataFrame(rows).drop_duplicates(["model", "seed", "decoder"], keep="last")

@@ -22,7 +22,7 @@ from sjd.models.base import codebook_by_id
 from sjd.models.llamagen import LlamaGenAdapter
 from sjd.models.lumina import QUESTION, LuminaAdapter
 from sjd.standin.lumina import read_meta
-from sjd.standin.procedural import ProceduralImages, Theme
+from sjd.standin.procedural import ProceduralImages, Theme, images_of
 from sjd.types import Prompt
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
@@ -48,11 +48,7 @@ def paint(colours: torch.Tensor, codes: torch.Tensor) -> np.ndarray:
 
 
 def procedural_images(meta: dict) -> ProceduralImages:
-    return ProceduralImages(n_codes=int(meta["n_codes"]), noise=float(meta["noise"]),
-                            codebook_seed=int(meta["codebook_seed"]), streak=float(meta.get("streak", 0)),
-                            streak_corr=float(meta.get("streak_corr", 0.85)),
-                            vstreak=float(meta.get("vstreak", 0)), edge=float(meta.get("edge", 6.0)),
-                            tint=float(meta.get("tint", 0)), row_tint=float(meta.get("row_tint", 0)))  # fmt: skip
+    return images_of(meta, int(meta["n_codes"]))
 
 
 class StandinLuminaAdapter(LuminaAdapter):

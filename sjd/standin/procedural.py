@@ -22,7 +22,7 @@ Captions name the two colours and the texture: "a rippled red field with blue pa
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -125,6 +125,19 @@ def ar1_texture(shocks: np.ndarray, rho: float) -> np.ndarray:
     for i in range(1, shocks.shape[1]):
         out[:, i] = rho * out[:, i - 1] + np.sqrt(1 - rho**2) * shocks[:, i]
     return out
+
+
+# Every argument of a stand-in's recipe (scripts/train_standin.py) and its default; a checkpoint's training record
+# holds them all (older records lack the later data knobs, whose defaults leave the images unchanged).
+RECIPE_DEFAULTS = dict(family="lumina", resolution=512, noise=0.04, streak=0.0, streak_corr=0.85, vstreak=0.0,
+                       edge=6.0, tint=0.0, row_tint=0.0, steps=200, batch_size=4, lr=3e-3, hidden=64, layers=2,
+                       heads=4, seed=0, codebook_seed=0, threads=1)  # fmt: skip
+
+
+def images_of(record: dict, n_codes: int) -> ProceduralImages:
+    """The image distribution a training record names (its data knobs; the rest keep their defaults)."""
+    knobs = {f.name: record[f.name] for f in fields(ProceduralImages) if f.name in record and f.name != "n_codes"}
+    return ProceduralImages(n_codes=n_codes, **knobs)
 
 
 def nearest_code(pixels: np.ndarray, codebook: np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from sjd.harness import regime
 from sjd.harness.reports.tables import cell, latest_run, markdown, with_interval
+from sjd.standin.procedural import RECIPE_DEFAULTS
 
 TOLERANCE = 0.15
 # anchor name -> (our decoder, its summary column, its interval's columns); the published rows are regime.ANCHORS'
@@ -26,25 +27,15 @@ OURS = {
     "SCD over SJD": ("scd_official_w64", "vs_sjd_official"),
     "SJD-PAC over SJD": ("sjd_pac_official_w64", "vs_sjd_official"),
 }
-# The training arguments a page shows (scripts/train_standin.py), and the script's defaults for every argument:
-# a rebuild command gives each argument that differs from its default (tests/test_calibration_page.py keeps
-# RECIPE_DEFAULTS equal to the script's DEFAULTS).
+# The training arguments a page shows (scripts/train_standin.py); a rebuild command gives every argument that
+# differs from its default (sjd.standin.procedural.RECIPE_DEFAULTS, the script's own).
 RECIPE_SHOWN = ("resolution", "noise", "streak", "streak_corr", "vstreak", "edge", "tint", "row_tint", "steps",
                 "hidden", "layers", "heads", "seed")  # fmt: skip
-RECIPE_DEFAULTS = {"family": "lumina", "resolution": 512, "noise": 0.04, "streak": 0.0, "streak_corr": 0.85,
-                   "vstreak": 0.0, "edge": 6.0, "tint": 0.0, "row_tint": 0.0, "steps": 200, "batch_size": 4,
-                   "lr": 3e-3, "hidden": 64, "layers": 2, "heads": 4, "seed": 0, "codebook_seed": 0,
-                   "threads": 1}  # fmt: skip
 
 
 def published_anchors(published: pd.DataFrame) -> dict[str, float]:
     """anchor name -> the paper's ratio (regime.ANCHORS' published rows)."""
-
-    def compression(row: tuple[str, str]) -> float:
-        rows = published[(published["table"] == row[0]) & (published["method"] == row[1])]
-        return float(rows["step_compression"].iloc[0]) if len(rows) else float("nan")
-
-    return {name: compression(pub) / compression(ref) for name, *_, pub, ref in regime.ANCHORS}
+    return {name: regime.published_ratio(published, pub, ref) for name, *_, pub, ref in regime.ANCHORS}
 
 
 def weights_of(command: str) -> str | None:
@@ -80,8 +71,9 @@ def run_anchors(rows: pd.DataFrame, published: dict[str, float]) -> dict:
     ar = rows[rows["decoder"] == rows["baseline"].iloc[0]]
     command = str(rows["command"].iloc[0])
     entropy = float(ar["entropy_nats"].iloc[0]) if len(ar) else float("nan")
+    units = rows["n_captions"].iloc[0] if "n_captions" in rows else float("nan")  # prompts: the intervals' units
     out = {"command": command, "model": rows["model"].iloc[0], "weights": weights_of(command) or "shipped",
-           "training": training or {}, "entropy_nats": entropy}  # fmt: skip
+           "training": training or {}, "entropy_nats": entropy, "n_captions": units}  # fmt: skip
     for name, (decoder, column) in OURS.items():
         row = rows[rows["decoder"] == decoder]
         value, lo, hi = (float(row[c].iloc[0]) if len(row) and c in row else float("nan")
@@ -96,11 +88,10 @@ def calibration_section(results: pd.DataFrame, commands: list[str], published: p
     """The table of every listed command's latest run: its stand-in, and each anchor with its interval
     and its fraction of the published value; then a sentence per run and the rebuild commands."""
     recorded = results["command"] if "command" in results else pd.Series([None] * len(results))
-    runs = [run_anchors(latest_run(results[recorded == c]), published_anchors(published))
-            for c in commands if (recorded == c).any()]  # fmt: skip
+    theirs = published_anchors(published)
+    runs = [run_anchors(latest_run(results[recorded == c]), theirs) for c in commands if (recorded == c).any()]
     if not runs:
         return ["No calibration runs yet: no listed command has rows.", ""]
-    theirs = published_anchors(published)
     lines = [
         "## Against the published ratios",
         "",
@@ -117,7 +108,7 @@ def calibration_section(results: pd.DataFrame, commands: list[str], published: p
             "recipe": [recipe_text(r["training"]) or "-" for r in runs],
             "entropy_nats": [cell(r["entropy_nats"], ".2f") for r in runs],
             **{
-                heading: [with_interval(*r[name][i : i + 3], ".2f", 2) for r in runs]
+                heading: [with_interval(*r[name][i : i + 3], ".2f", r["n_captions"]) for r in runs]
                 for name in OURS
                 for heading, i in ((name, 0), (f"{name}, of published", 3))
             },
