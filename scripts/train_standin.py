@@ -52,6 +52,11 @@ STANDINS = {
     "standin_lumina_512_low": dict(resolution=512, noise=0.01, streak=0.0),
     "standin_lumina_768": dict(resolution=768, noise=0.03, streak=0.05, streak_corr=0.6),
     "standin_llamagen_512": dict(family="llamagen", resolution=512, noise=0.03, streak=0.05, streak_corr=0.6),
+    # Calibrated to the three published Lumina-mGPT ratios (docs/results/standin_calibration.md): a row tint the
+    # caption does not name ties each code to its whole row, a column streak to the row above.
+    "standin_lumina_512_cal": dict(
+        resolution=512, noise=0.03, streak=0.05, streak_corr=0.6, vstreak=0.1, row_tint=0.14, steps=400
+    ),
 }
 DEFAULTS = RECIPE_DEFAULTS
 

@@ -217,6 +217,18 @@ def test_every_shipped_standin_records_its_recipe_and_its_files_hash_to_the_reco
     assert unhashed == BUILT_BEFORE_RECIPE_HASHES
 
 
+HASHED = sorted(set(STANDINS) - BUILT_BEFORE_RECIPE_HASHES)
+
+
+@pytest.mark.parametrize("name", HASHED)
+def test_a_shipped_standin_with_hashes_is_reproduced_by_the_current_recipe(name):
+    """`train_standin.py --check-recipe NAME` as a user runs it on a shipped stand-in: its files hash to its
+    record, and the first training steps of its STANDINS recipe under today's code hash to its recipe hash.
+    A change to the data, the model, the loss or the optimiser that would retrain it differently fails here."""
+    proc = _script("--check-recipe", name)
+    assert proc.returncode == 0 and "reproduced by the current recipe" in proc.stdout, proc.stdout + proc.stderr
+
+
 @pytest.mark.slow
 def test_a_checkpoint_is_checked_against_its_recipe_by_hash_and_by_a_bit_for_bit_retrain(tmp_path):
     """What a user runs: `train_standin.py --check-recipe` (the files against their record, and the first

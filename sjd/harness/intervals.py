@@ -30,8 +30,8 @@ BOOTSTRAP_SEED = 0
 BOOTSTRAP_RESAMPLES = 2000
 LEVEL = 0.95
 # Decoders a run's step compression is also compared with, where the run has them (the pages' "vs sjd"
-# columns and the regime map's vs_official_sjd / vs_harness_sjd).
-REFERENCES = ("sjd", "sjd_official", "sjd_harness")
+# columns, the regime map's vs_official_sjd / vs_harness_sjd, and the goal page's SJD-PAC at window 64).
+REFERENCES = ("sjd", "sjd_official", "sjd_harness", "sjd_pac_official_w64")
 UNIT_COLUMNS = ("n_tokens", "n_forward", "latency_s", "model_s")
 
 # A statistic of per-unit arrays: each array has the units on its last axis (1-D for the estimate,

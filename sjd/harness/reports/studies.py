@@ -14,6 +14,7 @@ FIGURES = {  # figure -> the columns its rows need
     "accept_hist": ("accept_hist", "mean_accepted"),
     "regime": ("step_compression", "entropy_nats"),
     "calibration": ("step_compression", "entropy_nats"),  # a table, not a figure (calibration_page.py)
+    "goal": ("step_compression", "vs_sjd_official"),  # a table, not a figure (goal_page.py)
 }
 
 

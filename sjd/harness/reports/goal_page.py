@@ -1,0 +1,143 @@
+"""A goal page's closing section: the lossless decoders against both published references, in one run.
+
+Input: the latest run of each listed command of a `goal` study (conf/experiment/beyond_sjd_pac.yaml): AR, the
+three decoders the calibration anchors need (official-schedule SJD at window 16, SCD and SJD-PAC at window 64,
+named as in sjd.harness.reports.calibration_page), and candidate lossless decoders at windows 16 and 64, all on
+the same prompts and seeds. Per run:
+
+- whether its stand-in reproduces the published ratios (the calibration page's anchors and 15% verdict);
+- per candidate, step compression over official SJD at window 16 and over official SJD-PAC at window 64, each
+  with its paired bootstrap interval over prompts, and its one-sample audit;
+- the goal: a lossless decoder whose one-sample audit passes, at window 16 at least TARGET_W16 times official
+  SJD's step compression, and at window 64 at least TARGET_W64 times SJD-PAC's. A target is met when the
+  interval lies above it, missed when it lies below, and not distinguishable at this size otherwise; a decoder
+  audited without power is named as such (sjd.harness.regime.audited_lossless_flag).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from sjd.harness import regime
+from sjd.harness.reports.calibration_page import OURS, published_anchors, run_anchors
+from sjd.harness.reports.tables import cell, latest_run, markdown, with_interval
+
+SJD_REFERENCE = "sjd_official"  # official-schedule SJD at window 16 (the run's main decoder)
+PAC_REFERENCE = "sjd_pac_official_w64"  # SJD-PAC, official algorithm and settings, window 64
+TARGET_W16, TARGET_W64 = 2.5, 1.25
+REFERENCES = ("ar", SJD_REFERENCE, *(decoder for decoder, _ in OURS.values()))
+# (heading, summary column) of the ratios each candidate's row shows, with their intervals
+SHOWN_RATIOS = (
+    ("step compression", "step_compression"),
+    (f"over {SJD_REFERENCE}", f"vs_{SJD_REFERENCE}"),
+    (f"over {PAC_REFERENCE}", f"vs_{PAC_REFERENCE}"),
+)
+
+
+def candidate_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The run's lossless candidates (every decoder claiming exactness but the references), with their window,
+    ratios to both references and audit flag."""
+    configs = json.loads(rows["decoder_configs"].iloc[0])
+    lossless = json.loads(rows["decoder_lossless"].iloc[0])
+    keep = rows[[d not in REFERENCES and bool(lossless.get(d)) for d in rows["decoder"]]].copy()
+    keep["window"] = [int(configs[d]["window"]) for d in keep["decoder"]]
+    keep["lossless"] = True
+    ar = rows[rows["decoder"] == rows["baseline"].iloc[0]]
+    keep["tf_control_p"] = float(ar["tf_p"].iloc[0]) if len(ar) and "tf_p" in ar else np.nan
+    keep["audited_lossless"] = [regime.audited_lossless_flag(r) for r in keep.to_dict("records")]
+    return keep
+
+
+def passes(row: pd.Series) -> bool:
+    """Audited lossless, or passing the one-sample audit without power (AR's control passing too)."""
+    if row["audited_lossless"] is True:
+        return True
+    p, control = row.get("tf_p", np.nan), row.get("tf_control_p", np.nan)
+    return row["audited_lossless"] is None and bool(p > regime.TF_ALPHA) and bool(control > regime.TF_ALPHA)
+
+
+def target_verdict(value: float, lo: float, hi: float, target: float) -> str:
+    """How the 95% interval stands against the target: met, missed, or not distinguishable at this size."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "not distinguishable from it at this size (the ratio has no interval)"
+    if lo >= target:
+        return "met (the interval lies above it)"
+    if hi < target:
+        return "missed (the interval lies below it)"
+    return "not distinguishable from it at this size (the interval includes it)"
+
+
+def audit_text(row: pd.Series) -> str:
+    p, n, needed = row.get("tf_p", np.nan), row.get("tf_n_tokens", np.nan), row.get("tf_tokens_needed", np.nan)
+    if not np.isfinite(p):
+        return "no one-sample audit"
+    power = "with power" if row["audited_lossless"] is True else f"without power (needs {needed:.0f} tokens)"
+    return f"one-sample p = {p:.3g} on {int(n)} tokens, {power}"
+
+
+def goal_lines(candidates: pd.DataFrame, window: int, column: str, reference: str, target: float) -> list[str]:
+    """The goal at one window: the passing candidate with the highest ratio to `reference`, and its verdict."""
+    at = candidates[(candidates["window"] == window) & candidates.apply(passes, axis=1)] if len(candidates) else []
+    if len(at) == 0 or column not in candidates or at[column].isna().all():
+        return [f"- Window {window}: no lossless candidate whose one-sample audit passes has a ratio to `{reference}`."]
+    best = at.loc[at[column].idxmax()]
+    ratio = with_interval(best[column], best.get(f"{column}_lo"), best.get(f"{column}_hi"), ".2f")
+    verdict = target_verdict(best[column], best.get(f"{column}_lo", np.nan), best.get(f"{column}_hi", np.nan), target)
+    return [f"- Window {window}: the best is `{best['decoder']}` at {ratio} times `{reference}`'s step compression; "
+            f"the {target}x target is {verdict}. Its {audit_text(best)}."]  # fmt: skip
+
+
+def ratio_cells(rows: pd.DataFrame, column: str, units: float) -> list[str]:
+    """`value (lo-hi)` of a summary column for each row."""
+    return [with_interval(r.get(column), r.get(f"{column}_lo"), r.get(f"{column}_hi"), ".2f", units)
+            for _, r in rows.iterrows()]  # fmt: skip
+
+
+def run_part(rows: pd.DataFrame, published: dict[str, float]) -> list[str]:
+    anchors = run_anchors(rows, published)
+    fractions = ", ".join(f"{name} {anchors[name][3]:.2f}" for name in OURS)
+    calibrated = "reproduces" if anchors["calibrated"] else "does NOT reproduce"
+    lines = [f"### `{anchors['model']}`: {anchors['command']}", "",
+             f"This run's stand-in {calibrated} the published ratios within 15% (of published: {fractions}).",
+             ""]  # fmt: skip
+    candidates = candidate_rows(rows)
+    units = rows["n_captions"].iloc[0] if "n_captions" in rows else np.nan
+    table = pd.DataFrame(
+        {
+            "decoder": candidates["decoder"],
+            "schedule": candidates["schedule"].fillna(""),
+            "window": candidates["window"],
+            **{heading: ratio_cells(candidates, column, units) for heading, column in SHOWN_RATIOS},
+            "one-sample p": [cell(p, ".3g") for p in candidates.get("tf_p", pd.Series(np.nan, candidates.index))],
+            "audited_lossless": [regime.flag_text(v) for v in candidates["audited_lossless"]],
+        }
+    )
+    lines += [markdown(table), "", "The goal in this run:", ""]
+    lines += goal_lines(candidates, 16, f"vs_{SJD_REFERENCE}", SJD_REFERENCE, TARGET_W16)
+    lines += goal_lines(candidates, 64, f"vs_{PAC_REFERENCE}", PAC_REFERENCE, TARGET_W64)
+    return [*lines, ""]
+
+
+def goal_section(results: pd.DataFrame, commands: list[str], published: pd.DataFrame) -> list[str]:
+    """Per listed command's latest run: its calibration check, the candidates' table and the goal's verdicts."""
+    recorded = results["command"] if "command" in results else pd.Series([None] * len(results))
+    runs = [latest_run(results[recorded == c]) for c in commands if (recorded == c).any()]
+    if not runs:
+        return ["No goal runs yet: no listed command has rows.", ""]
+    lines = [
+        "## The goal against both references",
+        "",
+        f"Every lossless candidate's step compression over official-schedule SJD at window 16 (target "
+        f"{TARGET_W16}x at window 16) and over SJD-PAC with its official algorithm and settings at window 64 "
+        f"(target {TARGET_W64}x at window 64). Every decoder ran on the same prompts and seeds, so each interval "
+        "is a paired bootstrap over prompts. A candidate counts when its one-sample audit passes (p > "
+        f"{regime.TF_ALPHA:g}) and AR's control passes; {regime.AUDITED_TEXT}",
+        "",
+    ]
+    theirs = published_anchors(published)
+    for rows in runs:
+        lines += run_part(rows, theirs)
+    return lines
