@@ -57,6 +57,9 @@ STANDINS = {
     "standin_lumina_512_cal": dict(
         resolution=512, noise=0.03, streak=0.05, streak_corr=0.6, vstreak=0.1, row_tint=0.14, steps=400
     ),
+    "standin_lumina_768_cal": dict(
+        resolution=768, noise=0.03, streak=0.05, streak_corr=0.6, vstreak=0.1, row_tint=0.14, steps=400
+    ),
 }
 DEFAULTS = RECIPE_DEFAULTS
 

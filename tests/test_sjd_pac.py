@@ -117,8 +117,9 @@ def test_siblings_are_committed_on_the_micro_model_at_the_audits_settings(one_th
         # Window 4: the whole image no longer fits the first window, so vertical_dist draws (about one
         # an image) meet siblings (committed in about 5% of images).
         ["decoder=csjd_tree", "decoder.branches=2", "decoder.branch_depth=1"],
+        ["decoder=csjd_pac", "micro_decoder.window=8"],  # as shipped: SJD-PAC's tree over vertical_dist drafts
     ],
-    ids=["csjd-tree", "sjd-pac", "csjd-tree-gumbel", "csjd-tree-w4-vertical-dist"],
+    ids=["csjd-tree", "sjd-pac", "csjd-tree-gumbel", "csjd-tree-w4-vertical-dist", "csjd-pac"],
 )
 @pytest.mark.slow
 def test_branching_decoders_pass_the_exact_audit(run_audit, overrides):
