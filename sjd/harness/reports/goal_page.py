@@ -38,15 +38,13 @@ SHOWN_RATIOS = (
 
 
 def candidate_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """The run's lossless candidates (every decoder claiming exactness but the references), with their window,
-    ratios to both references and audit flag."""
+    """The run's lossless candidates (every decoder claiming exactness but the references), with their window
+    and audit flag (each row carries AR's one-sample p as `tf_control_p`)."""
     configs = json.loads(rows["decoder_configs"].iloc[0])
     lossless = json.loads(rows["decoder_lossless"].iloc[0])
     keep = rows[[d not in REFERENCES and bool(lossless.get(d)) for d in rows["decoder"]]].copy()
     keep["window"] = [int(configs[d]["window"]) for d in keep["decoder"]]
     keep["lossless"] = True
-    ar = rows[rows["decoder"] == rows["baseline"].iloc[0]]
-    keep["tf_control_p"] = float(ar["tf_p"].iloc[0]) if len(ar) and "tf_p" in ar else np.nan
     keep["audited_lossless"] = [regime.audited_lossless_flag(r) for r in keep.to_dict("records")]
     return keep
 
@@ -59,7 +57,7 @@ def passes(row: pd.Series) -> bool:
     return row["audited_lossless"] is None and bool(p > regime.TF_ALPHA) and bool(control > regime.TF_ALPHA)
 
 
-def target_verdict(value: float, lo: float, hi: float, target: float) -> str:
+def target_verdict(lo: float, hi: float, target: float) -> str:
     """How the 95% interval stands against the target: met, missed, or not distinguishable at this size."""
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return "not distinguishable from it at this size (the ratio has no interval)"
@@ -85,7 +83,7 @@ def goal_lines(candidates: pd.DataFrame, window: int, column: str, reference: st
         return [f"- Window {window}: no lossless candidate whose one-sample audit passes has a ratio to `{reference}`."]
     best = at.loc[at[column].idxmax()]
     ratio = with_interval(best[column], best.get(f"{column}_lo"), best.get(f"{column}_hi"), ".2f")
-    verdict = target_verdict(best[column], best.get(f"{column}_lo", np.nan), best.get(f"{column}_hi", np.nan), target)
+    verdict = target_verdict(best.get(f"{column}_lo", np.nan), best.get(f"{column}_hi", np.nan), target)
     return [f"- Window {window}: the best is `{best['decoder']}` at {ratio} times `{reference}`'s step compression; "
             f"the {target}x target is {verdict}. Its {audit_text(best)}."]  # fmt: skip
 
