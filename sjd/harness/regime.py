@@ -113,6 +113,16 @@ def audited_lossless_flag(row: dict) -> bool | None:
     return True if np.isfinite(needed) and n >= needed else None
 
 
+def counts_for_goal(row) -> bool:
+    """A lossless decoder the goal may name: audited lossless, or, without a test with power, passing the
+    one-sample audit at p > TF_ALPHA with AR's control passing too (named as not audited)."""
+    flag = row["audited_lossless"]
+    if flag is True:
+        return True
+    unknown = flag is None or (isinstance(flag, float) and np.isnan(flag))
+    return bool(row["lossless"]) and unknown and row["tf_p"] > TF_ALPHA and row["tf_control_p"] > TF_ALPHA
+
+
 def with_intervals(table: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
     """A run's regime rows (run_table) with each ratio's interval and step_compression_se from its
     summary rows; NaN where the rows were written before runs recorded them."""
@@ -200,9 +210,7 @@ def goal(
     if schedule is not None:
         rows = rows[rows["schedule"] == schedule]
     audited = rows[rows["audited_lossless"].eq(True)]
-    passing = rows[rows["lossless"].astype(bool) & rows["audited_lossless"].isna()
-                   & (rows["tf_p"] > TF_ALPHA) & (rows["tf_control_p"] > TF_ALPHA)]  # fmt: skip
-    candidates = audited if not audited.empty else passing
+    candidates = audited if not audited.empty else rows[rows.apply(counts_for_goal, axis=1).astype(bool)]
     if candidates.empty:
         return {"model": model, "decoder": None}
     best = candidates.loc[candidates["step_compression"].idxmax()]

@@ -17,7 +17,7 @@ import shlex
 import pandas as pd
 
 from sjd.harness import regime
-from sjd.harness.reports.tables import cell, latest_run, markdown, with_interval
+from sjd.harness.reports.tables import cell, latest_runs, markdown, with_interval
 from sjd.standin.procedural import RECIPE_DEFAULTS
 
 TOLERANCE = 0.15
@@ -87,9 +87,8 @@ def run_anchors(rows: pd.DataFrame, published: dict[str, float]) -> dict:
 def calibration_section(results: pd.DataFrame, commands: list[str], published: pd.DataFrame) -> list[str]:
     """The table of every listed command's latest run: its stand-in, and each anchor with its interval
     and its fraction of the published value; then a sentence per run and the rebuild commands."""
-    recorded = results["command"] if "command" in results else pd.Series([None] * len(results))
     theirs = published_anchors(published)
-    runs = [run_anchors(latest_run(results[recorded == c]), theirs) for c in commands if (recorded == c).any()]
+    runs = [run_anchors(rows, theirs) for rows in latest_runs(results, commands)]
     if not runs:
         return ["No calibration runs yet: no listed command has rows.", ""]
     lines = [

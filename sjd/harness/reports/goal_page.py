@@ -23,7 +23,7 @@ import pandas as pd
 
 from sjd.harness import regime
 from sjd.harness.reports.calibration_page import OURS, published_anchors, run_anchors
-from sjd.harness.reports.tables import cell, latest_run, markdown, with_interval
+from sjd.harness.reports.tables import cell, latest_runs, markdown, with_interval
 
 SJD_REFERENCE = "sjd_official"  # official-schedule SJD at window 16 (the run's main decoder)
 PAC_REFERENCE = "sjd_pac_official_w64"  # SJD-PAC, official algorithm and settings, window 64
@@ -49,14 +49,6 @@ def candidate_rows(rows: pd.DataFrame) -> pd.DataFrame:
     return keep
 
 
-def passes(row: pd.Series) -> bool:
-    """Audited lossless, or passing the one-sample audit without power (AR's control passing too)."""
-    if row["audited_lossless"] is True:
-        return True
-    p, control = row.get("tf_p", np.nan), row.get("tf_control_p", np.nan)
-    return row["audited_lossless"] is None and bool(p > regime.TF_ALPHA) and bool(control > regime.TF_ALPHA)
-
-
 def target_verdict(lo: float, hi: float, target: float) -> str:
     """How the 95% interval stands against the target: met, missed, or not distinguishable at this size."""
     if not (np.isfinite(lo) and np.isfinite(hi)):
@@ -78,8 +70,11 @@ def audit_text(row: pd.Series) -> str:
 
 def goal_lines(candidates: pd.DataFrame, window: int, column: str, reference: str, target: float) -> list[str]:
     """The goal at one window: the passing candidate with the highest ratio to `reference`, and its verdict."""
-    at = candidates[(candidates["window"] == window) & candidates.apply(passes, axis=1)] if len(candidates) else []
-    if len(at) == 0 or column not in candidates or at[column].isna().all():
+    counted = (
+        candidates[candidates.apply(regime.counts_for_goal, axis=1).astype(bool)] if len(candidates) else candidates
+    )
+    at = counted[counted["window"] == window]
+    if at.empty or column not in at or at[column].isna().all():
         return [f"- Window {window}: no lossless candidate whose one-sample audit passes has a ratio to `{reference}`."]
     best = at.loc[at[column].idxmax()]
     ratio = with_interval(best[column], best.get(f"{column}_lo"), best.get(f"{column}_hi"), ".2f")
@@ -121,8 +116,7 @@ def run_part(rows: pd.DataFrame, published: dict[str, float]) -> list[str]:
 
 def goal_section(results: pd.DataFrame, commands: list[str], published: pd.DataFrame) -> list[str]:
     """Per listed command's latest run: its calibration check, the candidates' table and the goal's verdicts."""
-    recorded = results["command"] if "command" in results else pd.Series([None] * len(results))
-    runs = [latest_run(results[recorded == c]) for c in commands if (recorded == c).any()]
+    runs = latest_runs(results, commands)
     if not runs:
         return ["No goal runs yet: no listed command has rows.", ""]
     lines = [

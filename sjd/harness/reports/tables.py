@@ -49,6 +49,12 @@ def latest_run(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["run_dir"] == rows["run_dir"].iloc[-1]]
 
 
+def latest_runs(results: pd.DataFrame, commands: list[str]) -> list[pd.DataFrame]:
+    """The rows of each listed command's latest run, in the listed order; commands without rows are left out."""
+    recorded = results["command"] if "command" in results else pd.Series([None] * len(results), index=results.index)
+    return [latest_run(results[recorded == c]) for c in commands if (recorded == c).any()]
+
+
 def varying_settings(configs: list[dict]) -> list[str]:
     """The SETTINGS keys whose values differ between these decoders (what tells them apart)."""
     missing = object()
