@@ -51,8 +51,25 @@ def run_rows(run_dir: str = "r1", spread: float = 0.05, control_p: float = 0.5) 
                        decoder_lossless=json.dumps(lossless))  # fmt: skip
 
 
-def section(rows: pd.DataFrame) -> str:
-    return "\n".join(goal_section(rows, [COMMAND], pd.read_csv(PUBLISHED)))
+def section(rows: pd.DataFrame, powered: pd.DataFrame | None = None) -> str:
+    return "\n".join(goal_section(rows, [COMMAND], pd.read_csv(PUBLISHED), powered))
+
+
+def powered_rows(decoder: str, p: float, window: int = 64, control_p: float = 0.5, tokens: int = 458_752):
+    """An audit_powered run: AR (the control) and `decoder` with `window`, on the goal run's model."""
+    configs = json.dumps({"ar": {}, decoder: {"window": window}})
+    return pd.DataFrame(
+        {
+            "decoder": ["ar", decoder],
+            "tf_p": [control_p, p],
+            "tf_control_p": control_p,
+            "tf_n_tokens": tokens,
+            "tf_tokens_needed": 400_000.0,
+            "model": "standin_lumina_512_cal",
+            "decoder_configs": configs,
+            "experiment": "audit_powered_w64",
+        }
+    )
 
 
 def test_the_goal_names_the_best_passing_candidate_at_each_window_with_its_verdict():
@@ -64,7 +81,7 @@ def test_the_goal_names_the_best_passing_candidate_at_each_window_with_its_verdi
     assert "the 1.25x target is not distinguishable from it at this size" in text
     assert "without power (needs 500000 tokens)" in text
     assert "| gsd |" not in text and "| sjd_pac_official_w64 |" not in text  # lossy and references: not candidates
-    assert "| csjd_harness | harness | 16 |" in text and "| 1e-06 | False |" in text  # its failing audit is shown
+    assert "| csjd_harness | harness | 16 |" in text and "| 1e-06 | - | False |" in text  # its failing audit
 
 
 def test_a_narrow_interval_above_the_target_meets_it_and_a_failing_control_voids_every_candidate():
@@ -86,3 +103,33 @@ def test_the_latest_run_counts_and_the_calibration_of_its_stand_in_is_stated():
     off = run_rows(run_dir="r3")
     off.loc[off["decoder"] == "scd_official_w64", "vs_sjd_official"] *= 1.3
     assert "stand-in does NOT reproduce the published ratios" in section(off)
+
+
+def test_a_powered_audit_of_the_same_decoder_and_settings_decides_audited_lossless():
+    text = section(run_rows(), powered_rows("csjd_pac_w64", 0.42))
+    assert "| 0.7 | 0.42 (458752) | True |" in text
+    assert "one-sample p = 0.42 on 458752 tokens in `experiment=audit_powered_w64`, with power" in text
+    # another window is another decoder: its audit backs nothing here
+    text = section(run_rows(), powered_rows("csjd_pac_w64", 0.42, window=16))
+    assert "| 0.7 | - | unknown |" in text
+    # a powered audit that rejects the decoder takes it out of the goal, though its own small audit passed
+    text = section(run_rows(), powered_rows("csjd_pac_w64", 1e-5))
+    assert "| 0.7 | 1e-05 (458752) | False |" in text
+    assert "Window 64: no lossless candidate whose one-sample audit passes" in text
+    # too few tokens: the small run's own verdict stands
+    text = section(run_rows(), powered_rows("csjd_pac_w64", 0.42, tokens=100_000))
+    assert "| 0.7 | 0.42 (100000) | unknown |" in text
+
+
+def test_a_wider_window_says_whether_the_window_limits():
+    rows = run_rows()
+    wide = rows[rows["decoder"] == "csjd_pac_w64"].assign(decoder="csjd_pac_w256")
+    configs = json.loads(rows["decoder_configs"].iloc[0]) | {"csjd_pac_w256": {"window": 256}}
+    lossless = json.loads(rows["decoder_lossless"].iloc[0]) | {"csjd_pac_w256": True}
+    rows = pd.concat([rows, wide]).assign(decoder_configs=json.dumps(configs), decoder_lossless=json.dumps(lossless))
+    text = section(rows)
+    assert (
+        "- Window 256 (is the window the limit?): the best is `csjd_pac_w256` at step compression 5.20 (4.94-5.46), "
+        "2.60 (2.47-2.73) times `sjd_official` and 1.30 (1.23-1.37) times `sjd_pac_official_w64`, against 5.20 for "
+        "the best at window 64 (`csjd_pac_w64`)."
+    ) in text

@@ -11,7 +11,12 @@ the same prompts and seeds. Per run:
 - the goal: a lossless decoder whose one-sample audit passes, at window 16 at least TARGET_W16 times official
   SJD's step compression, and at window 64 at least TARGET_W64 times SJD-PAC's. A target is met when the
   interval lies above it, missed when it lies below, and not distinguishable at this size otherwise; a decoder
-  audited without power is named as such (sjd.harness.regime.audited_lossless_flag).
+  audited without power is named as such (sjd.harness.regime.audited_lossless_flag);
+- where the powered audit page (results/studies/audit_powered.csv, experiment=audit_powered and its siblings)
+  holds the latest audit of the same decoder (name and settings) on the same model and sampling, that audit's
+  verdict decides the candidate's `audited_lossless`: the goal run's own audit is far too small for power;
+- candidates at windows wider than 64 say whether the window is what limits the family: if the widest window
+  compresses no more than window 64, no window-64 setting of it can reach a target beyond that.
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ from sjd.harness.reports.tables import cell, latest_runs, markdown, with_interva
 SJD_REFERENCE = "sjd_official"  # official-schedule SJD at window 16 (the run's main decoder)
 PAC_REFERENCE = "sjd_pac_official_w64"  # SJD-PAC, official algorithm and settings, window 64
 TARGET_W16, TARGET_W64 = 2.5, 1.25
+POWERED_PAGE = "audit_powered"  # results/studies/<this>.csv holds the audits with power
+# a powered audit's audited_lossless flag, in words
+POWERED_OUTCOME = {
+    True: "with power",
+    False: "rejected",
+    None: "without a verdict (AR's control failed or too few tokens)",
+}
 REFERENCES = ("ar", SJD_REFERENCE, *(decoder for decoder, _ in OURS.values()))
 # (heading, summary column) of the ratios each candidate's row shows, with their intervals
 SHOWN_RATIOS = (
@@ -37,15 +49,35 @@ SHOWN_RATIOS = (
 )
 
 
-def candidate_rows(rows: pd.DataFrame) -> pd.DataFrame:
+def powered_audit(powered: pd.DataFrame | None, model: str, sampling, decoder: str, config: dict) -> dict | None:
+    """The latest powered-audit row of `decoder` with exactly these settings on this model and sampling, or None."""
+    if powered is None or powered.empty:
+        return None
+    same = powered[(powered["decoder"] == decoder) & (powered["model"] == model)]
+    if "sampling" in same and isinstance(sampling, str):
+        same = same[same["sampling"] == sampling]
+    same = same[[json.loads(c).get(decoder) == config for c in same["decoder_configs"]]]
+    return same.iloc[-1].to_dict() if len(same) else None
+
+
+def candidate_rows(rows: pd.DataFrame, powered: pd.DataFrame | None = None) -> pd.DataFrame:
     """The run's lossless candidates (every decoder claiming exactness but the references), with their window
-    and audit flag (each row carries AR's one-sample p as `tf_control_p`)."""
+    and audit flag (each row carries AR's one-sample p as `tf_control_p`); a matching powered audit's flag
+    replaces the run's own, and its p, tokens and experiment are kept as `powered_*`."""
     configs = json.loads(rows["decoder_configs"].iloc[0])
     lossless = json.loads(rows["decoder_lossless"].iloc[0])
     keep = rows[[d not in REFERENCES and bool(lossless.get(d)) for d in rows["decoder"]]].copy()
     keep["window"] = [int(configs[d]["window"]) for d in keep["decoder"]]
     keep["lossless"] = True
     keep["audited_lossless"] = [regime.audited_lossless_flag(r) for r in keep.to_dict("records")]
+    sampling = rows["sampling"].iloc[0] if "sampling" in rows else None
+    audits = [powered_audit(powered, r["model"], sampling, r["decoder"], configs[r["decoder"]])
+              for r in keep.to_dict("records")]  # fmt: skip
+    keep["powered_p"] = [a["tf_p"] if a else np.nan for a in audits]
+    keep["powered_tokens"] = [a["tf_n_tokens"] if a else np.nan for a in audits]
+    keep["powered_experiment"] = [a["experiment"] if a else None for a in audits]
+    flags = [regime.audited_lossless_flag(a | {"lossless": True}) if a else None for a in audits]
+    keep["audited_lossless"] = [f if f is not None else own for f, own in zip(flags, keep["audited_lossless"])]
     return keep
 
 
@@ -62,6 +94,10 @@ def target_verdict(lo: float, hi: float, target: float) -> str:
 
 def audit_text(row: pd.Series) -> str:
     p, n, needed = row.get("tf_p", np.nan), row.get("tf_n_tokens", np.nan), row.get("tf_tokens_needed", np.nan)
+    if np.isfinite(row.get("powered_p", np.nan)):
+        outcome = POWERED_OUTCOME[row["audited_lossless"]]
+        return (f"one-sample p = {row['powered_p']:.3g} on {int(row['powered_tokens'])} tokens in "
+                f"`experiment={row['powered_experiment']}`, {outcome}")  # fmt: skip
     if not np.isfinite(p):
         return "no one-sample audit"
     power = "with power" if row["audited_lossless"] is True else f"without power (needs {needed:.0f} tokens)"
@@ -83,20 +119,43 @@ def goal_lines(candidates: pd.DataFrame, window: int, column: str, reference: st
             f"the {target}x target is {verdict}. Its {audit_text(best)}."]  # fmt: skip
 
 
+def wider_lines(candidates: pd.DataFrame) -> list[str]:
+    """Whether the window limits: the best passing candidate at each window wider than 64, against the best at 64."""
+    counted = (
+        candidates[candidates.apply(regime.counts_for_goal, axis=1).astype(bool)] if len(candidates) else candidates
+    )
+    at64 = counted[counted["window"] == 64]
+    lines = []
+    for window in sorted(w for w in counted["window"].unique() if w > 64):
+        best = counted[counted["window"] == window].sort_values("step_compression").iloc[-1]
+        ratio = {c: with_interval(best[c], best.get(f"{c}_lo"), best.get(f"{c}_hi"), ".2f")
+                 for c in ("step_compression", f"vs_{SJD_REFERENCE}", f"vs_{PAC_REFERENCE}")}  # fmt: skip
+        line = (
+            f"- Window {window} (is the window the limit?): the best is `{best['decoder']}` at step compression "
+            f"{ratio['step_compression']}, {ratio[f'vs_{SJD_REFERENCE}']} times `{SJD_REFERENCE}` and "
+            f"{ratio[f'vs_{PAC_REFERENCE}']} times `{PAC_REFERENCE}`"
+        )
+        if not at64.empty:
+            top = at64.loc[at64["step_compression"].idxmax()]
+            line += f", against {top['step_compression']:.2f} for the best at window 64 (`{top['decoder']}`)"
+        lines.append(line + ".")
+    return lines
+
+
 def ratio_cells(rows: pd.DataFrame, column: str, units: float) -> list[str]:
     """`value (lo-hi)` of a summary column for each row."""
     return [with_interval(r.get(column), r.get(f"{column}_lo"), r.get(f"{column}_hi"), ".2f", units)
             for _, r in rows.iterrows()]  # fmt: skip
 
 
-def run_part(rows: pd.DataFrame, published: dict[str, float]) -> list[str]:
+def run_part(rows: pd.DataFrame, published: dict[str, float], powered: pd.DataFrame | None = None) -> list[str]:
     anchors = run_anchors(rows, published)
     fractions = ", ".join(f"{name} {anchors[name][3]:.2f}" for name in OURS)
     calibrated = "reproduces" if anchors["calibrated"] else "does NOT reproduce"
     lines = [f"### `{anchors['model']}`: {anchors['command']}", "",
              f"This run's stand-in {calibrated} the published ratios within 15% (of published: {fractions}).",
              ""]  # fmt: skip
-    candidates = candidate_rows(rows)
+    candidates = candidate_rows(rows, powered)
     units = rows["n_captions"].iloc[0] if "n_captions" in rows else np.nan
     table = pd.DataFrame(
         {
@@ -105,17 +164,25 @@ def run_part(rows: pd.DataFrame, published: dict[str, float]) -> list[str]:
             "window": candidates["window"],
             **{heading: ratio_cells(candidates, column, units) for heading, column in SHOWN_RATIOS},
             "one-sample p": [cell(p, ".3g") for p in candidates.get("tf_p", pd.Series(np.nan, candidates.index))],
+            "powered audit p (tokens)": [
+                f"{p:.3g} ({int(n)})" if np.isfinite(p) else "-"
+                for p, n in zip(candidates["powered_p"], candidates["powered_tokens"])
+            ],
             "audited_lossless": [regime.flag_text(v) for v in candidates["audited_lossless"]],
         }
     )
     lines += [markdown(table), "", "The goal in this run:", ""]
     lines += goal_lines(candidates, 16, f"vs_{SJD_REFERENCE}", SJD_REFERENCE, TARGET_W16)
     lines += goal_lines(candidates, 64, f"vs_{PAC_REFERENCE}", PAC_REFERENCE, TARGET_W64)
+    lines += wider_lines(candidates)
     return [*lines, ""]
 
 
-def goal_section(results: pd.DataFrame, commands: list[str], published: pd.DataFrame) -> list[str]:
-    """Per listed command's latest run: its calibration check, the candidates' table and the goal's verdicts."""
+def goal_section(
+    results: pd.DataFrame, commands: list[str], published: pd.DataFrame, powered: pd.DataFrame | None = None
+) -> list[str]:
+    """Per listed command's latest run: its calibration check, the candidates' table and the goal's verdicts;
+    `powered` holds the audits with power (POWERED_PAGE's rows) that may back a candidate."""
     runs = latest_runs(results, commands)
     if not runs:
         return ["No goal runs yet: no listed command has rows.", ""]
@@ -126,10 +193,13 @@ def goal_section(results: pd.DataFrame, commands: list[str], published: pd.DataF
         f"{TARGET_W16}x at window 16) and over SJD-PAC with its official algorithm and settings at window 64 "
         f"(target {TARGET_W64}x at window 64). Every decoder ran on the same prompts and seeds, so each interval "
         "is a paired bootstrap over prompts. A candidate counts when its one-sample audit passes (p > "
-        f"{regime.TF_ALPHA:g}) and AR's control passes; {regime.AUDITED_TEXT}",
+        f"{regime.TF_ALPHA:g}) and AR's control passes; {regime.AUDITED_TEXT} The goal run's own audit is "
+        f"far below power; `powered audit p` is the latest audit with power of the same decoder and settings on "
+        f"the same model (page [{POWERED_PAGE}]({POWERED_PAGE}.md)), and where there is one its verdict decides "
+        "`audited_lossless`.",
         "",
     ]
     theirs = published_anchors(published)
     for rows in runs:
-        lines += run_part(rows, theirs)
+        lines += run_part(rows, theirs, powered)
     return lines

@@ -25,7 +25,7 @@ import pandas as pd
 
 from sjd.harness import plots
 from sjd.harness.reports.calibration_page import calibration_section
-from sjd.harness.reports.goal_page import goal_section
+from sjd.harness.reports.goal_page import POWERED_PAGE, goal_section
 from sjd.harness.reports.regime_page import PUBLISHED, regime_section
 from sjd.harness.reports.studies import FIGURES, Study, load_studies
 from sjd.harness.reports.tables import INTERVAL_LEGEND, describe_run, key_table, latest_run, markdown
@@ -68,10 +68,15 @@ def command_part(page: str, study: Study, i: int, rows: pd.DataFrame, out_dir: P
 
 
 def render_page(
-    page: str, results: pd.DataFrame, studies: list[Study], out_dir: Path, tables_dir: Path | None = None
+    page: str,
+    results: pd.DataFrame,
+    studies: list[Study],
+    out_dir: Path,
+    tables_dir: Path | None = None,
+    powered: pd.DataFrame | None = None,
 ) -> str:
     """The markdown of docs/results/<page>.md; draws its figures into out_dir (and a regime page's
-    table into tables_dir, default out_dir)."""
+    table into tables_dir, default out_dir). A goal page reads the audits with power from `powered`."""
     listed = {c for s in studies for c in s.commands}
     commands = results["command"] if "command" in results else pd.Series([None] * len(results))
     unlisted = sorted({str(c) for c in commands if c not in listed})
@@ -98,7 +103,7 @@ def render_page(
         lines += calibration_section(results, calibrations, pd.read_csv(PUBLISHED))
     goals = [c for s in studies if s.figure == "goal" for c in s.commands]
     if goals:
-        lines += goal_section(results, goals, pd.read_csv(PUBLISHED))
+        lines += goal_section(results, goals, pd.read_csv(PUBLISHED), powered)
     return "\n".join(lines)
 
 
@@ -137,12 +142,14 @@ def render_all(results_dir: Path, conf_dir: Path, out_dir: Path, tables_dir: Pat
     pages = load_studies(conf_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written, index = [], []
+    powered_csv = results_dir / f"{POWERED_PAGE}.csv"
+    powered = pd.read_csv(powered_csv) if powered_csv.exists() else None
     for csv in sorted(results_dir.glob("*.csv")):
         if csv.stem not in pages:
             raise ValueError(f"{csv}: no overlay in {conf_dir} has study.page {csv.stem!r}")
         results = pd.read_csv(csv)
         out = out_dir / f"{csv.stem}.md"
-        out.write_text(render_page(csv.stem, results, pages[csv.stem], out_dir, tables_dir))
+        out.write_text(render_page(csv.stem, results, pages[csv.stem], out_dir, tables_dir, powered))
         written.append(out)
         index.append(f"| [{csv.stem}]({csv.stem}.md) | {'; '.join(s.title for s in pages[csv.stem])} |")
     readme = out_dir / "README.md"
