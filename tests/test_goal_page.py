@@ -109,6 +109,21 @@ def test_a_powered_audit_of_the_same_decoder_and_settings_decides_audited_lossle
     text = section(run_rows(), powered_rows("csjd_pac_w64", 0.42))
     assert "| 0.7 | 0.42 (458752) | True |" in text
     assert "one-sample p = 0.42 on 458752 tokens in `experiment=audit_powered_w64`, with power" in text
+    # where the best passing candidate is not the one audited with power, the audited one is named too
+    text = section(run_rows(), powered_rows("csjd_official", 0.42, window=16))
+    assert (
+        "Window 16: the best is `csjd_official` at 2.10 (1.99-2.21) times `sjd_official`'s step compression; "
+        "the 2.5x target is missed (the interval lies below it). Its one-sample p = 0.42 on 458752 tokens"
+    ) in text
+    rows = run_rows()
+    rows.loc[rows["decoder"] == "csjd_harness", "tf_p"] = 0.3  # now the best passing at window 16, unaudited
+    text = section(rows, powered_rows("csjd_official", 0.42, window=16))
+    assert "Window 16: the best is `csjd_harness` at 2.70 (2.56-2.84) times" in text
+    assert (
+        "without power (needs 500000 tokens). The best audited with power is `csjd_official` at 2.10 (1.99-2.21); "
+        "the target is missed (the interval lies below it). Its one-sample p = 0.42 on 458752 tokens in "
+        "`experiment=audit_powered_w64`, with power."
+    ) in text
     # another window is another decoder: its audit backs nothing here
     text = section(run_rows(), powered_rows("csjd_pac_w64", 0.42, window=16))
     assert "| 0.7 | - | unknown |" in text

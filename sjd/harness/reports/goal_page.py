@@ -113,10 +113,23 @@ def goal_lines(candidates: pd.DataFrame, window: int, column: str, reference: st
     if at.empty or column not in at or at[column].isna().all():
         return [f"- Window {window}: no lossless candidate whose one-sample audit passes has a ratio to `{reference}`."]
     best = at.loc[at[column].idxmax()]
-    ratio = with_interval(best[column], best.get(f"{column}_lo"), best.get(f"{column}_hi"), ".2f")
-    verdict = target_verdict(best.get(f"{column}_lo", np.nan), best.get(f"{column}_hi", np.nan), target)
-    return [f"- Window {window}: the best is `{best['decoder']}` at {ratio} times `{reference}`'s step compression; "
-            f"the {target}x target is {verdict}. Its {audit_text(best)}."]  # fmt: skip
+    line = (f"- Window {window}: the best is `{best['decoder']}` at {ratio_text(best, column)} times "
+            f"`{reference}`'s step compression; the {target}x target is {verdict_of(best, column, target)}. "
+            f"Its {audit_text(best)}.")  # fmt: skip
+    audited = at[at["audited_lossless"].apply(lambda flag: flag is True)]
+    if best["audited_lossless"] is not True and not audited.empty and audited[column].notna().any():
+        top = audited.loc[audited[column].idxmax()]
+        line += (f" The best audited with power is `{top['decoder']}` at {ratio_text(top, column)}; the target is "
+                 f"{verdict_of(top, column, target)}. Its {audit_text(top)}.")  # fmt: skip
+    return [line]
+
+
+def ratio_text(row: pd.Series, column: str) -> str:
+    return with_interval(row[column], row.get(f"{column}_lo"), row.get(f"{column}_hi"), ".2f")
+
+
+def verdict_of(row: pd.Series, column: str, target: float) -> str:
+    return target_verdict(row.get(f"{column}_lo", np.nan), row.get(f"{column}_hi", np.nan), target)
 
 
 def wider_lines(candidates: pd.DataFrame) -> list[str]:
