@@ -11,12 +11,13 @@ The model is a tiny Chameleon with Lumina-mGPT's grammar at the real layout (sjd
 the data are procedural code images (sjd.standin.procedural) generated from (seed, step), so a run
 is a pure function of its arguments and thread count. The texture noise sets the per-token entropy.
 The checkpoint's config.json (standin.json for LlamaGen) records every argument, the final loss and the
-training time (minutes on one CPU thread), and two hashes that tie the shipped files to the code:
-`weights_sha`, of every tensor in the checkpoint's safetensors files, and `recipe_sha`, of the arguments
-together with the weights after the first PROBE_STEPS steps of training. The recipe hash changes with
-anything that changes training (data, initialisation, loss, optimiser, library kernels), and costs seconds
-to recompute, where a retrain costs minutes: `--check-recipe` recomputes both, `--check` retrains in full
-and compares every tensor.
+training time (minutes on one CPU thread), and what ties the shipped files to the code: `weights_sha`, of
+every tensor in the checkpoint's safetensors files; `recipe_sha`, of the arguments; and `probe_fingerprint`,
+of the weights after the first PROBE_STEPS steps of training (sjd.standin.training.tensors_fingerprint). The
+fingerprint moves with anything that changes training (data, initialisation, loss, optimiser) but not with a
+CPU's float rounding, which a bit-level hash would not survive from one machine to the next, and costs
+seconds to recompute, where a retrain costs minutes: `--check-recipe` recomputes all three, `--check`
+retrains in full and compares every tensor bit for bit (which holds on a CPU of the building one's kind).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ import torch
 from sjd.standin.lumina import build_model, character_tokenizer, save, vocabulary
 from sjd.standin.procedural import RECIPE_DEFAULTS, ProceduralImages, all_themes, images_of
 from sjd.standin.training import (
+    FINGERPRINT_TOLERANCE,
     TrainSettings,
+    fingerprint_gaps,
     init_code_embeddings,
     init_llamagen_code_embeddings,
     llamagen_loss,
@@ -79,7 +82,7 @@ def write_prompts(path: Path) -> None:
 
 def build(name: str, settings: dict, out: Path | None, probe_only: bool = False) -> dict:
     """Train `name` from `settings` (over DEFAULTS) and write it to `out`; returns its record. With
-    `probe_only`, train the first PROBE_STEPS steps, write nothing and return {"recipe_sha": ...}."""
+    `probe_only`, train the first PROBE_STEPS steps, write nothing and return probe()'s record."""
     a = {**DEFAULTS, **settings}
     if a["family"] not in ("lumina", "llamagen"):
         raise SystemExit(f"--family must be lumina or llamagen, got {a['family']!r}")
@@ -92,17 +95,22 @@ def data_and_settings(a: dict, n_codes: int) -> tuple[ProceduralImages, TrainSet
     return images, TrainSettings(steps=a["steps"], batch_size=a["batch_size"], lr=a["lr"], seed=a["seed"])
 
 
-def recipe_sha(a: dict, history: list[dict]) -> str:
-    """The recipe's hash: its arguments and the weights after its first PROBE_STEPS steps."""
-    probe = next(h["probe_sha"] for h in history if "probe_sha" in h)
-    return hashlib.sha256((json.dumps(a, sort_keys=True) + "|" + probe).encode()).hexdigest()[:16]
+def recipe_sha(a: dict) -> str:
+    """The recipe's hash: its arguments (what the training code does with them is the probe's to check)."""
+    return hashlib.sha256(json.dumps(a, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def probe(a: dict, history: list[dict]) -> dict:
+    """The recipe's hash and the weights' fingerprint after its first PROBE_STEPS steps."""
+    fingerprint = next(h["probe_fingerprint"] for h in history if "probe_fingerprint" in h)
+    return {"recipe_sha": recipe_sha(a), "probe_fingerprint": fingerprint}
 
 
 def record(a: dict, n_codes: int, history: list[dict]) -> dict:
     """What config.json / standin.json keeps: the recipe and how training ended (weights_sha once written)."""
     losses = [h for h in history if "loss" in h]
     return {**a, "n_codes": n_codes, "final_loss_nats": round(losses[-1]["loss"], 4),
-            "train_seconds": round(losses[-1]["seconds"]), "recipe_sha": recipe_sha(a, history)}  # fmt: skip
+            "train_seconds": round(losses[-1]["seconds"]), **probe(a, history)}  # fmt: skip
 
 
 def checkpoint_tensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -152,7 +160,7 @@ def build_llamagen(name: str, a: dict, out: Path | None, probe_only: bool) -> di
     history = train(adapter.gpt, lambda step: llamagen_loss(adapter, images, settings, step), settings,
                     probe_steps=min(PROBE_STEPS, a["steps"]), probe_only=probe_only)  # fmt: skip
     if probe_only:
-        return {"recipe_sha": recipe_sha(a, history)}
+        return probe(a, history)
     rec = record(a, n_codes, history)
     llamagen.save(adapter.gpt, *parts[1:], out, rec)
     return finish(out, rec)
@@ -172,7 +180,7 @@ def build_lumina(name: str, a: dict, out: Path | None, probe_only: bool) -> dict
     history = train(adapter.model, lambda step: lumina_loss(adapter, images, settings, step), settings,
                     probe_steps=min(PROBE_STEPS, a["steps"]), probe_only=probe_only)  # fmt: skip
     if probe_only:
-        return {"recipe_sha": recipe_sha(a, history)}
+        return probe(a, history)
     rec = record(a, n_codes, history)
     save(adapter.model, tokenizer, out, rec)
     return finish(out, rec)
@@ -191,8 +199,9 @@ def checkpoint_and_recipe(target: str) -> tuple[Path, str, dict, dict]:
 
 
 def check_recipe(target: str) -> list[str]:
-    """What is wrong with a checkpoint against the current recipe: [] when its files hash to its record
-    and the recipe's first PROBE_STEPS steps reproduce its recipe hash."""
+    """What is wrong with a checkpoint against the current recipe: [] when its files hash to its record, its
+    arguments to its recipe hash, and the recipe's first PROBE_STEPS steps reproduce its probe fingerprint
+    within FINGERPRINT_TOLERANCE (a CPU's rounding, not a change of code)."""
     directory, name, rec, recipe = checkpoint_and_recipe(target)
     if "recipe_sha" not in rec:
         return [f"{directory}: its record has no recipe_sha: an earlier recipe built it; rebuild it with "
@@ -202,10 +211,19 @@ def check_recipe(target: str) -> list[str]:
     weights = tensors_sha(checkpoint_tensors(directory))[:16]
     if weights != rec.get("weights_sha"):
         problems.append(f"{directory}: its weights hash to {weights}, its record says {rec.get('weights_sha')}")
-    probe = build(name, recipe, None, probe_only=True)["recipe_sha"]
-    if probe != rec["recipe_sha"]:
-        problems.append(f"{directory}: the current recipe hashes to {probe}, the checkpoint's record says "
-                        f"{rec['recipe_sha']}: the code that trains it changed since it was built")  # fmt: skip
+    if "probe_fingerprint" not in rec:
+        return [*problems, f"{directory}: its record has no probe_fingerprint: an earlier version of the script "
+                           f"built it; rebuild it with `python scripts/train_standin.py {name}`"]  # fmt: skip
+    ours = build(name, recipe, None, probe_only=True)
+    if ours["recipe_sha"] != rec["recipe_sha"]:
+        problems.append(f"{directory}: its arguments hash to {ours['recipe_sha']}, its record says {rec['recipe_sha']}")
+    gaps = fingerprint_gaps(ours["probe_fingerprint"], rec["probe_fingerprint"])
+    worst = max(gaps, key=gaps.get)
+    if gaps[worst] > FINGERPRINT_TOLERANCE:
+        problems.append(f"{directory}: after {PROBE_STEPS} steps the current recipe's weights differ from the "
+                        f"checkpoint's record by up to {gaps[worst]:.3g} of a tensor's rms ({worst}), past the "
+                        f"{FINGERPRINT_TOLERANCE:g} a CPU's rounding stays under: the code that trains it changed "
+                        "since it was built")  # fmt: skip
     return problems
 
 

@@ -51,6 +51,12 @@ def procedural_images(meta: dict) -> ProceduralImages:
     return images_of(meta, int(meta["n_codes"]))
 
 
+def run_record(meta: dict) -> dict:
+    """The training record a run keeps in every results row: all but the probe fingerprint, a few hundred
+    numbers that only `scripts/train_standin.py --check-recipe` reads."""
+    return {k: v for k, v in meta.items() if k != "probe_fingerprint"}
+
+
 class StandinLuminaAdapter(LuminaAdapter):
     """A shipped stand-in (`asset`, a directory under sjd/assets) or any checkpoint directory (`weights`)."""
 
@@ -74,7 +80,7 @@ class StandinLuminaAdapter(LuminaAdapter):
                 f"model.adapter.resolution={resolution}, but the stand-in at {directory} was trained at {trained} px"
             )
         super().__init__(str(directory), None, name, device, trained, dtype, False, prompt_template)
-        self.meta = self.training_record = meta
+        self.meta, self.training_record = meta, run_record(meta)
         self.images = procedural_images(meta)
         self.colours = torch.from_numpy(self.images.codebook())
 
@@ -124,7 +130,7 @@ class StandinLlamaGenAdapter(LlamaGenAdapter):
         gpt = gpt_fields(int(meta["hidden"]), int(meta["layers"]), int(meta["heads"]))
         super().__init__(str(directory / "gpt.safetensors"), str(directory / "vq.safetensors"), str(directory / "t5"),
                          name, device, dtype, int(meta["resolution"]), gpt, VQ_FIELDS)  # fmt: skip
-        self.meta = self.training_record = meta
+        self.meta, self.training_record = meta, run_record(meta)
         self.images = procedural_images(meta)
         self.colours = torch.from_numpy(self.images.codebook())
 

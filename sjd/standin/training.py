@@ -149,9 +149,9 @@ def train(
     probe_only: bool = False,
 ) -> list[dict]:
     """Train `model` in place on `loss_at(step)`; returns the loss log (nats per code token). With
-    `probe_steps`, the log also records the weights' sha256 after that many steps (`probe_sha`), the
-    cheap fingerprint of a recipe's code; with `probe_only` training stops there (on the full run's
-    learning-rate schedule, so the fingerprint is the full run's)."""
+    `probe_steps`, the log also records the weights' fingerprint after that many steps (`probe_fingerprint`,
+    tensors_fingerprint), the cheap check of a recipe's code; with `probe_only` training stops there (on the
+    full run's learning-rate schedule, so the fingerprint is the full run's)."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
     history, t0 = [], time.perf_counter()
@@ -167,8 +167,42 @@ def train(
             history.append({"step": step, "loss": float(loss.detach()), "seconds": time.perf_counter() - t0})
             print(f"step {step:5d}  loss {float(loss.detach()):.3f} nats  {time.perf_counter() - t0:.0f}s", flush=True)
         if probe_steps is not None and step == probe_steps - 1:
-            history.append({"step": step, "probe_sha": tensors_sha(model.state_dict())})
+            history.append({"step": step, "probe_fingerprint": tensors_fingerprint(model.state_dict())})
             if probe_only:
                 break
     model.eval()
     return history
+
+
+# Projections per tensor in a fingerprint, and the gap (in units of a tensor's rms) below which two fingerprints
+# are the same training. The same recipe on another CPU instruction set (AVX2 against AVX-512, or PyTorch's
+# baseline kernels) rounds differently: after the probe's 3 steps the weights of the calibrated stand-ins differ
+# by about 1e-6 of a tensor's norm. A changed recipe moves them by 3e-2 or more (a 3% change of the texture
+# noise, of the learning rate, or of the row tint), so 1e-4 separates the two by two orders of magnitude each way.
+FINGERPRINT_PROJECTIONS = 4
+FINGERPRINT_TOLERANCE = 1e-4
+
+
+def tensors_fingerprint(tensors: dict[str, torch.Tensor]) -> dict[str, list[float]]:
+    """Per named tensor: its rms, then its projections on FINGERPRINT_PROJECTIONS fixed Gaussian directions,
+    each divided by sqrt(numel) (so a change of the weights moves a projection by about its rms). Unlike a
+    sha256 it survives a CPU's rounding: compare two with fingerprint_gaps."""
+    out = {}
+    for name in sorted(tensors):
+        w = tensors[name].detach().cpu().double().flatten()
+        seed = int(hashlib.sha256(name.encode()).hexdigest()[:8], 16)
+        directions = torch.randn(FINGERPRINT_PROJECTIONS, w.numel(), generator=torch.Generator().manual_seed(seed),
+                                 dtype=torch.float64)  # fmt: skip
+        scale = max(w.numel(), 1) ** 0.5
+        out[name] = [float(w.norm() / scale), *(float(v) for v in directions @ w / scale)]
+    return out
+
+
+def fingerprint_gaps(ours: dict[str, list[float]], theirs: dict[str, list[float]]) -> dict[str, float]:
+    """The largest gap of each tensor's fingerprint entries in units of its rms (theirs); inf for a tensor only
+    one side has. Two trainings are the same where every gap is below FINGERPRINT_TOLERANCE."""
+    gaps = {name: float("inf") for name in ours.keys() ^ theirs.keys()}
+    for name in ours.keys() & theirs.keys():
+        a, b = ours[name], theirs[name]
+        gaps[name] = max(abs(x - y) for x, y in zip(a, b)) / max(abs(b[0]), 1e-12)
+    return gaps
