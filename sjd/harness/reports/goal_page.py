@@ -15,8 +15,8 @@ the same prompts and seeds. Per run:
 - where the powered audit page (results/studies/audit_powered.csv, experiment=audit_powered and its siblings)
   holds the latest audit of the same decoder (name and settings) on the same model and sampling, that audit's
   verdict decides the candidate's `audited_lossless`: the goal run's own audit is far too small for power;
-- candidates at windows wider than 64 say whether the window is what limits the family: if the widest window
-  compresses no more than window 64, no window-64 setting of it can reach a target beyond that.
+- candidates at windows wider than 64 say whether the window is what limits the family: where a far wider
+  window compresses little more than window 64, a target beyond it needs other drafts, not a wider window.
 """
 
 from __future__ import annotations
@@ -104,11 +104,14 @@ def audit_text(row: pd.Series) -> str:
     return f"one-sample p = {p:.3g} on {int(n)} tokens, {power}"
 
 
+def passing(candidates: pd.DataFrame) -> pd.DataFrame:
+    """The candidates the goal may name (sjd.harness.regime.counts_for_goal)."""
+    return candidates[candidates.apply(regime.counts_for_goal, axis=1).astype(bool)] if len(candidates) else candidates
+
+
 def goal_lines(candidates: pd.DataFrame, window: int, column: str, reference: str, target: float) -> list[str]:
     """The goal at one window: the passing candidate with the highest ratio to `reference`, and its verdict."""
-    counted = (
-        candidates[candidates.apply(regime.counts_for_goal, axis=1).astype(bool)] if len(candidates) else candidates
-    )
+    counted = passing(candidates)
     at = counted[counted["window"] == window]
     if at.empty or column not in at or at[column].isna().all():
         return [f"- Window {window}: no lossless candidate whose one-sample audit passes has a ratio to `{reference}`."]
@@ -134,19 +137,15 @@ def verdict_of(row: pd.Series, column: str, target: float) -> str:
 
 def wider_lines(candidates: pd.DataFrame) -> list[str]:
     """Whether the window limits: the best passing candidate at each window wider than 64, against the best at 64."""
-    counted = (
-        candidates[candidates.apply(regime.counts_for_goal, axis=1).astype(bool)] if len(candidates) else candidates
-    )
+    counted = passing(candidates)
     at64 = counted[counted["window"] == 64]
     lines = []
     for window in sorted(w for w in counted["window"].unique() if w > 64):
         best = counted[counted["window"] == window].sort_values("step_compression").iloc[-1]
-        ratio = {c: with_interval(best[c], best.get(f"{c}_lo"), best.get(f"{c}_hi"), ".2f")
-                 for c in ("step_compression", f"vs_{SJD_REFERENCE}", f"vs_{PAC_REFERENCE}")}  # fmt: skip
         line = (
             f"- Window {window} (is the window the limit?): the best is `{best['decoder']}` at step compression "
-            f"{ratio['step_compression']}, {ratio[f'vs_{SJD_REFERENCE}']} times `{SJD_REFERENCE}` and "
-            f"{ratio[f'vs_{PAC_REFERENCE}']} times `{PAC_REFERENCE}`"
+            f"{ratio_text(best, 'step_compression')}, {ratio_text(best, f'vs_{SJD_REFERENCE}')} times "
+            f"`{SJD_REFERENCE}` and {ratio_text(best, f'vs_{PAC_REFERENCE}')} times `{PAC_REFERENCE}`"
         )
         if not at64.empty:
             top = at64.loc[at64["step_compression"].idxmax()]
