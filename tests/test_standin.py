@@ -258,6 +258,7 @@ def test_a_fingerprint_tells_a_cpus_rounding_from_a_changed_recipe():
     gaps = fingerprint_gaps(tensors_fingerprint(changed), base)
     assert gaps["a"] > 10 * FINGERPRINT_TOLERANCE and gaps["b"] == 0
     assert fingerprint_gaps({"a": base["a"]}, base)["b"] == float("inf")  # a tensor one side lacks
+    assert fingerprint_gaps({**base, "a": base["a"][:3]}, base)["a"] == float("inf")  # fewer projections
 
 
 @pytest.mark.slow
