@@ -114,7 +114,7 @@ def test_ar_on_the_micro_model_passes_with_uniform_u(seed):
     assert out["tf_p"] > 1e-3 and abs(out["tf_z"]) < 4, out
 
 
-LOSSLESS = ["jacobi", "sjd", "scd", "csjd", "csjd_tree", "csjd_pac", "sjd_pac"]
+LOSSLESS = ["jacobi", "sjd", "scd", "csjd", "csjd_adaptive", "csjd_gumbel", "csjd_tree", "csjd_pac", "sjd_pac"]
 
 
 def lossless_decoder(name: str, window: int = 4):
