@@ -148,3 +148,12 @@ def test_a_wider_window_says_whether_the_window_limits():
         "2.60 (2.47-2.73) times `sjd_official` and 1.30 (1.23-1.37) times `sjd_pac_official_w64`, against 5.20 for "
         "the best at window 64 (`csjd_pac_w64`)."
     ) in text
+
+
+def test_each_candidate_shows_the_share_of_its_forwards_that_committed_one_code():
+    rows = run_rows()
+    hist = {"csjd_pac_w64": {"1": 30, "2": 10, "5": 10}, "csjd_official": {"2": 4}}
+    rows["accept_hist"] = [json.dumps(hist[d]) if d in hist else np.nan for d in rows["decoder"]]
+    lines = {line.split("|")[1].strip(): line for line in section(rows).splitlines() if line.startswith("| csjd")}
+    assert "| 60% |" in lines["csjd_pac_w64"] and "| 0% |" in lines["csjd_official"]
+    assert "|  | 1e-06 |" in lines["csjd_harness"]  # no histogram, no share

@@ -16,7 +16,10 @@ the same prompts and seeds. Per run:
   holds the latest audit of the same decoder (name and settings) on the same model and sampling, that audit's
   verdict decides the candidate's `audited_lossless`: the goal run's own audit is far too small for power;
 - candidates at windows wider than 64 say whether the window is what limits the family: where a far wider
-  window compresses little more than window 64, a target beyond it needs other drafts, not a wider window.
+  window compresses little more than window 64, a target beyond it needs other drafts, not a wider window;
+- per candidate, the share of its forwards that committed a single code (from the run's `accept_hist`, the
+  prefill's first code included): the forwards whose first draft was rejected and no sibling caught the
+  residual, which is where the coupled family loses its steps (docs/algorithms.md §6.1).
 """
 
 from __future__ import annotations
@@ -154,6 +157,15 @@ def wider_lines(candidates: pd.DataFrame) -> list[str]:
     return lines
 
 
+def single_code_share(accept_hist: str | float) -> float:
+    """The share of a decoder's commits that are one code long, from its `accept_hist` ({length: count}, JSON)."""
+    if not isinstance(accept_hist, str):
+        return np.nan
+    counts = {int(k): v for k, v in json.loads(accept_hist).items()}
+    total = sum(counts.values())
+    return counts.get(1, 0) / total if total else np.nan
+
+
 def ratio_cells(rows: pd.DataFrame, column: str, units: float) -> list[str]:
     """`value (lo-hi)` of a summary column for each row."""
     return [with_interval(r.get(column), r.get(f"{column}_lo"), r.get(f"{column}_hi"), ".2f", units)
@@ -175,6 +187,10 @@ def run_part(rows: pd.DataFrame, published: dict[str, float], powered: pd.DataFr
             "schedule": candidates["schedule"].fillna(""),
             "window": candidates["window"],
             **{heading: ratio_cells(candidates, column, units) for heading, column in SHOWN_RATIOS},
+            "one-code commits": [
+                cell(single_code_share(h), ".0%")
+                for h in candidates.get("accept_hist", pd.Series(np.nan, candidates.index))
+            ],
             "one-sample p": [cell(p, ".3g") for p in candidates.get("tf_p", pd.Series(np.nan, candidates.index))],
             "powered audit p (tokens)": [
                 f"{p:.3g} ({int(n)})" if np.isfinite(p) else "-"
@@ -208,7 +224,8 @@ def goal_section(
         f"{regime.TF_ALPHA:g}) and AR's control passes; {regime.AUDITED_TEXT} The goal run's own audit is "
         f"far below power; `powered audit p` is the latest audit with power of the same decoder and settings on "
         f"the same model (page [{POWERED_PAGE}]({POWERED_PAGE}.md)), and where there is one its verdict decides "
-        "`audited_lossless`.",
+        "`audited_lossless`. `one-code commits` is the share of the candidate's forwards that committed a single "
+        "code: its first draft was rejected and no sibling caught the residual.",
         "",
     ]
     theirs = published_anchors(published)
