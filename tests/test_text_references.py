@@ -143,3 +143,11 @@ def test_the_check_sees_a_stale_path_and_lets_placeholders_and_outputs_pass(tmp_
         "sjd/core/verify.py",
         "sjd/core/nothing.py",
     ]
+
+
+def test_the_readme_names_every_decoder_config():
+    """The README's `decoder` row lists every config in conf/decoder/, so a new decoder is not left out of it."""
+    row = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `decoder` |"))
+    listed = set(re.findall(r"`(\w+)`", row.split("|")[2]))
+    configs = {p.stem for p in (ROOT / "conf" / "decoder").glob("*.yaml")}
+    assert configs - listed == set(), f"README.md's decoder row misses {sorted(configs - listed)}"
