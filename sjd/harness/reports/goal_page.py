@@ -243,7 +243,8 @@ def goal_section(
         f"far below power; `powered audit p` is the latest audit with power of the same decoder and settings on "
         f"the same model (page [{POWERED_PAGE}]({POWERED_PAGE}.md)), and where there is one its verdict decides "
         "`audited_lossless`. `one-code commits` is the share of the candidate's forwards that committed a single "
-        "code: its first draft was rejected and no sibling caught the residual.",
+        "code: mostly forwards whose first draft was rejected with no sibling to catch the residual (the "
+        "one-code steps a schedule takes by design count too).",
         "",
     ]
     theirs = published_anchors(published)
