@@ -20,7 +20,7 @@ the same prompts and seeds. Per run:
 - candidates at windows wider than 64 say whether the window is what limits the family: where a far wider
   window compresses little more than window 64, a target beyond it needs other drafts, not a wider window;
 - per candidate, the share of its forwards that committed a single code (from the run's `accept_hist`, the
-  prefill's first code included): the forwards whose first draft was rejected and no sibling caught the
+  prefill's first code included): mostly forwards whose first draft was rejected with no sibling to catch the
   residual, which is where the coupled family loses its steps (docs/algorithms.md §6.1).
 """
 
