@@ -140,3 +140,27 @@ def test_a_sweep_through_the_submitit_local_launcher_is_collected(tmp_path):
     assert len(table) == 4 and table["job"].nunique() == 2  # AR + SJD per job
     windows = {json.loads(c)["sjd"]["window"] for c in table["decoder_configs"]}
     assert windows == {4, 8}
+
+
+# An overlay that re-runs another's decoders under the same names, for a page that reads both runs together
+# (the goal page's per-run parts, the regime map's cells keyed by model, decoder and window): (overlay,
+# overlay it shares names with, overrides both take).
+SHARED_NAMES = [
+    ("beyond_sjd_pac_sized", "beyond_sjd_pac", []),
+    ("regime_variants", "regime_map", ["decoder.window=16"]),
+    ("regime_variants", "regime_map", ["decoder.window=64"]),
+]
+
+
+@pytest.mark.parametrize(("overlay", "other", "overrides"), SHARED_NAMES)
+def test_a_decoder_name_two_overlays_share_means_the_same_settings(compose_cfg, overlay, other, overrides):
+    from sjd.harness.runner import build_decoders
+
+    def configs(experiment: str) -> dict:
+        decoders, _ = build_decoders(compose_cfg([f"experiment={experiment}", *overrides]))
+        return {d.name: d.config() for d in decoders}
+
+    mine, theirs = configs(overlay), configs(other)
+    shared = sorted(set(mine) & set(theirs))
+    assert len(shared) >= 3, shared
+    assert {n: mine[n] for n in shared} == {n: theirs[n] for n in shared}
