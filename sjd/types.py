@@ -15,6 +15,7 @@ WINDOW = "window"  # forward of several tokens against the cache, ragged rows
 CUSTOM_MASK = "custom_mask"  # an extra [B, W, W] attention mask inside the window (PJD)
 EMBEDS = "embeds"  # forward from input embeddings instead of ids (SJD2)
 CODE_EMBEDDINGS = "code_embeddings"  # a latent vector per image code (relaxed acceptance: GSD, LANTERN)
+FEATURES = "features"  # the last hidden state of every forward, the LM head and the token embeddings (drafters)
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,25 @@ def _contiguous_span(ids: torch.Tensor) -> slice | None:
 
 
 @dataclass
+class Features:
+    """What a trained drafter reads from the target (the `features` capability): the target's last hidden
+    state after its final norm, for every slot of the forward, rows as the model runs them (the conditional
+    rows, then with CFG the unconditional rows, in the same order).
+
+    After a prefill the slots are the prompt's, left-padded to the longest row as the model ran them:
+    `ids` [R, T] are the input ids there (0 where a prompt slot is not a token, as LlamaGen's caption
+    slots) and `lengths` each row's prompt length; a window forward leaves both None."""
+
+    hidden: torch.Tensor  # [R, W, H]
+    ids: torch.Tensor | None = None
+    lengths: list[int] | None = None
+
+
+@dataclass
 class Logits:
-    """Raw logits for a window: conditional rows and, with CFG, the unconditional rows."""
+    """Raw logits for a window: conditional rows and, with CFG, the unconditional rows; with the
+    `features` capability, the hidden states they were computed from."""
 
     cond: torch.Tensor  # [B, W, V]
     uncond: torch.Tensor | None  # [B, W, V] or None when CFG is off
+    features: Features | None = None

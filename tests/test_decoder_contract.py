@@ -49,9 +49,11 @@ MICRO_SETTINGS = OmegaConf.to_container(OmegaConf.load(CONF / "audit.yaml").micr
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def decoder_config(name: str):
-    """conf/decoder/<name>.yaml, resolved as the `decoder` node of a run config."""
-    return OmegaConf.create({"decoder": OmegaConf.load(CONF / "decoder" / f"{name}.yaml")}).decoder
+def decoder_config(name: str, model: str):
+    """conf/decoder/<name>.yaml, resolved as the `decoder` node of a run config on `model` (a drafter decoder
+    takes the model's shipped drafter, `model.drafter`)."""
+    run = OmegaConf.create({"decoder": OmegaConf.load(CONF / "decoder" / f"{name}.yaml"), "model": model_config(model)})
+    return OmegaConf.create(OmegaConf.to_container(run.decoder, resolve=True))
 
 
 def model_config(name: str):
@@ -78,7 +80,7 @@ class Pair:
 
 def pair(decoder: str, base: str) -> Pair:
     """Classes and capabilities are read off the configs' targets: nothing is built to collect."""
-    decoder_obj = instantiate(decoder_config(decoder))
+    decoder_obj = instantiate(decoder_config(decoder, base))
     model = NOISE_AWARE.format(base) if EMBEDS in decoder_obj.requires else base
     capabilities = get_class(model_config(model).adapter._target_).capabilities
     missing = tuple(sorted(decoder_obj.requires - capabilities))
@@ -103,7 +105,7 @@ def adapter_and_sampling(model: str) -> tuple[ModelAdapter, SamplingConfig]:
 
 def build(p: Pair, check: bool = True) -> tuple[Decoder, ModelAdapter, SamplingConfig]:
     adapter, sampling = adapter_and_sampling(p.model)
-    cfg = decoder_config(p.decoder)
+    cfg = decoder_config(p.decoder, p.model)
     if model_config(p.model).get("enumerable", False):
         for key, value in MICRO_SETTINGS.items():
             if key in cfg and value is not None:
@@ -137,7 +139,7 @@ EVERY_ROW = (0, 1, 2)
 # -- the contract ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("p", PAIRS, ids=ids(PAIRS))
 def test_the_decoder_runs_on_the_model_or_names_the_missing_capability(p):
-    decoder = instantiate(decoder_config(p.decoder))
+    decoder = instantiate(decoder_config(p.decoder, p.model))
     adapter, _ = adapter_and_sampling(p.model)
     if p.missing:  # not applicable: the start-up check must say so, naming decoder, model and capability
         expected = f"{decoder.name!r} needs model capabilities {list(p.missing)!r}"

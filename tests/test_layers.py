@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sjd", "types", "torchvision_compat"),
     ("core", "toy"),
     ("models",),
+    ("drafters",),
     ("decoders", "sjd2", "standin", "eval"),
     ("audit",),
     ("harness",),

@@ -158,3 +158,46 @@ def block_verify(
     weighted = torch.where(has_draft[:, None], w[rows, n_accepted].unsqueeze(1) * p_at, p_at)
     next_token = sample_from(residual(weighted, q_at, fallback=p_at), sample_uniforms)
     return VerifyResult(n_accepted, next_token, slot < n_accepted[:, None])
+
+
+def recursive_rejection(
+    target: torch.Tensor,
+    candidates: torch.Tensor,
+    candidate_q: torch.Tensor,
+    present: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recursive rejection sampling over several candidates for one position (the tree rules' kernel).
+
+    `target` [B, V] the distribution to sample, `candidates` [B, K] in test order, `candidate_q` [B, K, V]
+    the distribution each was drawn from given the ones before it, `present` [B, K], `uniforms` [B, K].
+    Candidate i is accepted iff u_i * q_i(c_i) < target(c_i); on rejection target <- norm(max(0, target -
+    q_i)) (`residual`). Each stage is a speculative-sampling step whose fallback is the next stage, so a
+    sample of the target left after the last rejection is distributed as the original target.
+    - Deterministic candidates (EAGLE-2's top-k children) are tested with a one-hot q_i: accept iff
+      u < target(c), on rejection remove c and renormalise, which is exact for any candidate set chosen
+      without the verification coins (docs/algorithms.md §12.3).
+    - Candidates drawn from q without replacement (EAGLE-1's children, SJD-PAC's siblings) are tested with
+      q_i = q without the earlier candidates, renormalised (`without_replacement_q`).
+    Returns the accepted candidate's index (-1: none) and the target left."""
+    B, K = candidates.shape
+    rows = torch.arange(B, device=target.device)
+    picked = torch.full((B,), -1, dtype=torch.long, device=target.device)
+    for i in range(K):
+        open_ = present[:, i] & (picked < 0)
+        c, q_i = candidates[:, i], candidate_q[:, i]
+        ok = open_ & (uniforms[:, i] * q_i[rows, c] < target[rows, c])
+        picked = torch.where(ok, i, picked)
+        target = torch.where((open_ & ~ok)[:, None], residual(target, q_i), target)
+    return picked, target
+
+
+def without_replacement_q(q: torch.Tensor, drawn: torch.Tensor, removed: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, K, V]: the distribution draw i of an ordered draw without replacement came from: q [B, V]
+    without `removed` [B] (if given) and draws 0 .. i-1 of `drawn` [B, K], renormalised."""
+    pool = q if removed is None else q.scatter(1, removed[:, None], 0.0)
+    out = []
+    for i in range(drawn.shape[1]):
+        out.append(pool / pool.sum(-1, keepdim=True).clamp_min(1e-30))
+        pool = pool.scatter(1, drawn[:, i : i + 1], 0.0)
+    return torch.stack(out, 1) if out else q.new_zeros(q.shape[0], 0, q.shape[1])

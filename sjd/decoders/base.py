@@ -107,6 +107,7 @@ class ForwardClock:
         `first_p`, kept for decoders that remember committed distributions)."""
         self.t0 = time.perf_counter()
         logits = self.prefill(prompts, sampling.uses_uncond)
+        self.prefill_features = logits.features  # the prompt's hidden states, for a drafter (None without)
         zero = torch.zeros(len(prompts), 1, dtype=torch.long, device=self.adapter.device)
         self.first_p = logits_to_probs(logits, zero, self.adapter.layout, sampling)[:, 0]  # [B, V]
         first = sample_rows(self.first_p, generators)

@@ -13,8 +13,9 @@ import time
 
 import torch
 
-STAGES = ("draft", "forward", "pipeline", "verify", "commit", "other")
-"""draft: window inputs, drafts and their q. forward: the model call. pipeline: the finite check
+STAGES = ("draft", "drafter", "forward", "pipeline", "verify", "commit", "other")
+"""draft: window inputs, drafts and their q. drafter: a trained drafter's own forwards (its network, the
+target's head on its features and the pipeline that makes q). forward: the model call. pipeline: the finite check
 and logits -> probabilities. verify: deciding tokens from p (acceptance rule, residual and next
 drafts; AR's sample). commit: writing the decision into the decoder's state. other: the rest of
 the decode wall time (loop control, windows, lap overhead)."""

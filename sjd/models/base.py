@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, EMBEDS, WINDOW, ImageLayout, Logits, Prompt
+from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, EMBEDS, FEATURES, WINDOW, ImageLayout, Logits, Prompt
 
 
 class ModelAdapter(ABC):
@@ -65,6 +65,29 @@ class ModelAdapter(ABC):
         Slots with `transient[b, i]` (optional [B, W]) are never cached: a tree decoder's
         alternative tokens share a position with the chain and must not outlive the forward."""
         raise NotImplementedError(f"model {self.name!r} does not provide the {CUSTOM_MASK!r} capability")
+
+    def keep_slots(self, keep: torch.Tensor) -> None:
+        """`custom_mask`: of the last `forward_at`'s transient slots, keep those with `keep[b, i]` ([B, W]) in
+        the cache, as if they had been written as ordinary slots. A tree decoder keeps its accepted path this
+        way: each node attended to its ancestors only, so on the accepted path its keys and values are those
+        of the committed tokens, and the next forward needs not rewrite them."""
+        raise NotImplementedError(f"model {self.name!r} does not provide the {CUSTOM_MASK!r} capability")
+
+    # -- the `features` capability (trained drafters) ----------------------------------------------
+    def head(self, hidden: torch.Tensor) -> Logits:
+        """Raw logits of hidden states [R, W, H] through the target's own LM head, rows as in `Features`
+        (conditional, then unconditional): what a drafter's predicted features become."""
+        raise NotImplementedError(f"model {self.name!r} does not provide the {FEATURES!r} capability")
+
+    def token_embeddings(self) -> torch.Tensor:
+        """[V, H] the input embedding of every id the model generates: a drafter's frozen copy starts here."""
+        raise NotImplementedError(f"model {self.name!r} does not provide the {FEATURES!r} capability")
+
+    def architecture(self) -> dict:
+        """What a drafter's single layer must copy, as a transformers-style config dict: `model_type` (the
+        layer family: llama, chameleon or llamagen), `hidden_size`, `vocab_size`, `num_attention_heads`,
+        `num_key_value_heads`, `intermediate_size`, `rms_norm_eps`, `rope_theta` (sjd.drafters.net)."""
+        raise NotImplementedError(f"model {self.name!r} does not provide the {FEATURES!r} capability")
 
     # -- the `embeds` capability (SJD2): window inputs given as noisy token embeddings ------------
     noise_levels: int = 0  # discrete noise levels; 0 = clean, noise_levels - 1 = pure noise

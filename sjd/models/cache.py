@@ -35,6 +35,7 @@ class RaggedCache:
         self.prompt_width = width
         self.uniform_prompt = bool((self.prompt_len == width).all())
         self.ragged = not self.uniform_prompt  # pad slots are holes
+        self._last_window: torch.Tensor | None = None  # the last prepare_at's query positions (keep_slots)
 
     # -- bookkeeping -------------------------------------------------------------------------
     def _expand(self, per_batch_row: Sequence[int]) -> torch.Tensor:
@@ -46,6 +47,7 @@ class RaggedCache:
         return not self.ragged and self.uniform_prompt and len(set(lengths)) == 1
 
     def truncate(self, lengths: Sequence[int]) -> None:
+        self._last_window = None  # columns move: no window left to adopt slots from
         lengths = list(lengths)
         if self._in_step(lengths):  # cutting a common tail cannot make holes
             drop = self.slot_pos.shape[1] - (self.prompt_width + lengths[0])
@@ -91,6 +93,7 @@ class RaggedCache:
         (never seen by a later query). Cached slots at a position being written are replaced.
         Returns the model kwargs; queries see kept cached slots at lower positions."""
         B, W = positions.shape
+        self._last_window = None
         rewritten = torch.zeros(keep.shape, dtype=torch.long)
         rewritten.scatter_add_(1, positions.clamp(min=0), (positions >= 0).long())
         keep = keep & (rewritten == 0)  # a position written again replaces its cached slot
@@ -115,11 +118,25 @@ class RaggedCache:
         if transient is not None:  # this forward's mask is built; later ones see holes there
             stored = query_pos.masked_fill(transient.repeat(self.rows // self.batch, 1), -1)
         self.slot_pos = torch.cat([self.slot_pos, stored], dim=1)  # padding slots stay holes (-1)
+        self._last_window = query_pos  # keep_slots may still adopt its transient slots
         self.ragged = True
         return {
             "position_ids": query_pos.clamp(min=0).to(device),
             "attention_mask": mask[:, None].to(device),
         }
+
+    def keep_slots(self, keep: torch.Tensor) -> None:
+        """Adopt the last `prepare_at` window's slots with `keep` [B, W] (transient ones included) as
+        ordinary cached slots at their positions; their keys and values are already in the cache."""
+        query_pos = getattr(self, "_last_window", None)
+        if query_pos is None or keep.shape != (self.batch, query_pos.shape[1]):
+            raise ValueError(
+                f"keep_slots: expected [{self.batch}, window] of the last forward_at, got {tuple(keep.shape)}"
+            )
+        W = query_pos.shape[1]
+        window = self.slot_pos[:, -W:]
+        chosen = keep.cpu().repeat(self.rows // self.batch, 1) & (query_pos >= 0)
+        self.slot_pos[:, -W:] = torch.where(chosen, query_pos, window)
 
     def compact(self, min_holes: int = 64) -> None:
         """Gather each row's live slots to the front once holes are most of the cache.

@@ -13,12 +13,21 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from sjd.models.base import ModelAdapter
 from sjd.models.cache import RaggedCache
-from sjd.types import CUSTOM_MASK, WINDOW, Logits, Prompt
+from sjd.types import CUSTOM_MASK, FEATURES, WINDOW, Features, Logits, Prompt
+
+
+@dataclass
+class RunOutput:
+    """One model call: raw logits [rows, W or kept, V] and the hidden states after the final norm [rows, W, H]."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor | None = None
 
 
 class RaggedRows:
@@ -45,6 +54,9 @@ class RaggedRows:
         transient = None if transient is None else transient.cpu()
         return self._ragged().prepare_at(positions.cpu(), keep.cpu(), window_mask.cpu(), self.device, transient)
 
+    def keep_slots(self, keep: torch.Tensor) -> None:
+        self._ragged().keep_slots(keep)
+
     def _split(self, logits: torch.Tensor) -> Logits:
         """[2B or B, W, V] -> conditional and unconditional rows, in float32 for the logits pipeline."""
         logits = logits.float()
@@ -53,9 +65,22 @@ class RaggedRows:
         cond, uncond = logits.chunk(2)
         return Logits(cond, uncond)
 
+    def _output(self, out, ids: torch.Tensor | None = None, lengths: Sequence[int] | None = None) -> Logits:
+        """A model call's logits split into CFG rows, with its hidden states attached where the call kept
+        them (the `features` capability); a prefill also records the prompt `ids` and row `lengths`."""
+        logits = self._split(out.logits)
+        hidden = getattr(out, "hidden", None)
+        if hidden is not None:
+            logits.features = Features(hidden, ids, None if lengths is None else list(lengths))
+        return logits
+
 
 class CausalLMAdapter(RaggedRows, ModelAdapter):
-    capabilities = frozenset({WINDOW, CUSTOM_MASK})
+    """A transformers causal LM whose `model.model` is the decoder stack (its `last_hidden_state` is after
+    the final norm) and `model.lm_head` the head; an adapter whose model differs overrides `_run`,
+    `_run_embeds`, `lm_head` and `token_embeddings`."""
+
+    capabilities = frozenset({WINDOW, CUSTOM_MASK, FEATURES})
     model: torch.nn.Module
 
     @abstractmethod
@@ -76,7 +101,7 @@ class CausalLMAdapter(RaggedRows, ModelAdapter):
         self._cache = RaggedCache(self.model.config, lengths, int(with_uncond))
         kwargs = {} if self._cache.uniform_prompt else self._padded_prompt_kwargs()
         out = self._run(ids, cache=self._cache.cache, use_cache=True, logits_to_keep=1, **kwargs)
-        return self._split(out.logits)
+        return self._output(out, ids, lengths)
 
     def _padded_prompt_kwargs(self) -> dict:
         """Positions and mask for a left-padded prompt: each row's real tokens sit at 0..len-1
@@ -92,15 +117,40 @@ class CausalLMAdapter(RaggedRows, ModelAdapter):
         kwargs = self._ragged().prepare(start, tokens.shape[1], self.device)
         ids = torch.cat([tokens, tokens]) if self._with_uncond else tokens
         out = self._run(ids, cache=self._ragged().cache, use_cache=True, **kwargs)
-        return self._split(out.logits)
+        return self._output(out)
 
-    def _run(self, ids: torch.Tensor, **kwargs):
-        """One model call on ids; adapters whose model takes embeddings override this."""
-        return self.model(input_ids=ids, **kwargs)
+    def _run(self, ids: torch.Tensor, logits_to_keep: int = 0, **kwargs) -> RunOutput:
+        """One model call on ids: the decoder stack, then the LM head (on the last `logits_to_keep` slots
+        when set), as the library's own forward computes it, with the hidden states kept."""
+        return self._head_output(self.model.model(input_ids=ids, **kwargs).last_hidden_state, logits_to_keep)
 
-    def _run_embeds(self, inputs_embeds: torch.Tensor, **kwargs):
+    def _run_embeds(self, inputs_embeds: torch.Tensor, logits_to_keep: int = 0, **kwargs) -> RunOutput:
         """One model call on input embeddings [rows, W, D] (the noise-aware path of SJD2)."""
-        return self.model(inputs_embeds=inputs_embeds, **kwargs)
+        hidden = self.model.model(inputs_embeds=inputs_embeds, **kwargs).last_hidden_state
+        return self._head_output(hidden, logits_to_keep)
+
+    def _head_output(self, hidden: torch.Tensor, logits_to_keep: int) -> RunOutput:
+        kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        return RunOutput(self.lm_head(kept), hidden)
+
+    # -- the `features` capability ------------------------------------------------------------------
+    @property
+    def lm_head(self) -> torch.nn.Module:
+        return self.model.lm_head
+
+    @torch.no_grad()
+    def head(self, hidden: torch.Tensor) -> Logits:
+        return self._split(self.lm_head(hidden.to(self.lm_head.weight.dtype)))
+
+    def token_embeddings(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    def architecture(self) -> dict:
+        config = self.model.config
+        config = getattr(config, "text_config", None) or config  # a composite config's language model
+        arch = config.to_dict()
+        arch["rope_theta"] = rope_theta(config)
+        return arch
 
     @torch.no_grad()
     def forward_at(
@@ -114,4 +164,12 @@ class CausalLMAdapter(RaggedRows, ModelAdapter):
         kwargs = self._window_at(positions, keep, window_mask, transient)
         ids = torch.cat([tokens, tokens]) if self._with_uncond else tokens
         out = self._run(ids, cache=self._ragged().cache, use_cache=True, **kwargs)
-        return self._split(out.logits)
+        return self._output(out)
+
+
+def rope_theta(config) -> float:
+    """The rotary base of a transformers config (5.x keeps it under `rope_parameters`)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    return float(getattr(config, "rope_theta", 10000.0))

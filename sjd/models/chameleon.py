@@ -6,7 +6,8 @@ end-of-turn `<reserved08706>`); every id is read from the config's `vocabulary_m
 
 Logits. transformers' `ChameleonForConditionalGeneration.forward` sets every image-code logit to
 the dtype minimum (it serves text generation only), so the adapter runs the backbone
-(`model.model`) and applies `lm_head` itself: raw logits over the whole vocabulary.
+(`model.model`) and applies `lm_head` itself (sjd.models.causal_lm, as for every causal LM here):
+raw logits over the whole vocabulary.
 
 Prompt rows. `[BOS] + encode(question) + [end-of-turn]`, the official scripts' single-turn
 prompt (the models answer after an end-of-turn; see lumina.py and anole.py for each question).
@@ -39,14 +40,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers.modeling_outputs import CausalLMOutput
 
 from sjd.models.base import codebook_by_id
 from sjd.models.causal_lm import CausalLMAdapter
 from sjd.models.loading import WEIGHTS_KEY, TextEncoder, as_encoder, could_not_load, resolve_checkpoint, torch_dtype
 from sjd.models.nets.chameleon_vqgan import CONFIG_KEY as VQGAN_KEY
 from sjd.models.nets.chameleon_vqgan import ChameleonVQGAN, load_vqgan
-from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
+from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, FEATURES, WINDOW, ImageLayout, Prompt
 
 IMAGE_START = "<racm3:break>"
 IMAGE_END = "<eoss>"
@@ -259,7 +259,7 @@ class ChameleonAdapter(CausalLMAdapter):
 
     title = "Chameleon"
     grid_px: int  # pixels per unit of the image grid `image_layout` takes
-    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
+    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS, FEATURES})
     vocab: ChameleonVocab
     vqgan: ChameleonVQGAN | None
     grid: tuple[int, int]  # (height, width) of the image in units of `grid_px`
@@ -382,20 +382,6 @@ class ChameleonAdapter(CausalLMAdapter):
                     f"prompt {p.prompt_id!r} is too long for {self.name}: {n} positions with the image, "
                     f"the model takes {self.max_positions}"
                 )
-
-    # -- model calls -----------------------------------------------------------------------------
-    def _run(self, ids: torch.Tensor, logits_to_keep: int = 0, **kwargs) -> CausalLMOutput:
-        """Backbone + lm_head: the library's forward would mask every image-code logit."""
-        return self._head(self.model.model(input_ids=ids, **kwargs).last_hidden_state, logits_to_keep)
-
-    def _run_embeds(self, inputs_embeds: torch.Tensor, logits_to_keep: int = 0, **kwargs) -> CausalLMOutput:
-        """As `_run`, from input embeddings (SJD2's noise-aware path)."""
-        return self._head(self.model.model(inputs_embeds=inputs_embeds, **kwargs).last_hidden_state, logits_to_keep)
-
-    def _head(self, hidden: torch.Tensor, logits_to_keep: int) -> CausalLMOutput:
-        if logits_to_keep:
-            hidden = hidden[:, -logits_to_keep:]
-        return CausalLMOutput(logits=self.model.lm_head(hidden))
 
     # -- images ----------------------------------------------------------------------------------
     def image_codes(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,7 @@ import torch
 from sjd.models.base import codebook_by_id
 from sjd.models.causal_lm import CausalLMAdapter
 from sjd.models.loading import WEIGHTS_KEY, TextEncoder, as_encoder, could_not_load, resolve_checkpoint, torch_dtype
-from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
+from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, FEATURES, WINDOW, ImageLayout, Prompt
 
 # Official Emu3 sampling prompts (baaivision/Emu3 README / image_generation.py; SJD's test_emu3.py).
 POSITIVE_SUFFIX = " masterpiece, film grained, best quality."
@@ -128,7 +128,7 @@ def emu3_layout(vocab: Emu3Vocab, height: int, width: int) -> ImageLayout:
 class Emu3Adapter(CausalLMAdapter):
     """Emu3-Gen: text prompt + image-size prefix in, h x (w + EOL) codes + EOF, EOI, EOS out."""
 
-    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
+    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS, FEATURES})
     official_schedule = "emu3"
 
     def code_embeddings(self) -> torch.Tensor:

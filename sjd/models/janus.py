@@ -34,13 +34,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from transformers.modeling_outputs import CausalLMOutput
 
 from sjd.models.base import codebook_by_id
 from sjd.models.cache import RaggedCache
-from sjd.models.causal_lm import CausalLMAdapter
+from sjd.models.causal_lm import CausalLMAdapter, RunOutput, rope_theta
 from sjd.models.loading import CHECKPOINT_FILES, could_not_load, resolve_checkpoint, torch_dtype
-from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Logits, Prompt
+from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, FEATURES, WINDOW, ImageLayout, Logits, Prompt
 
 if TYPE_CHECKING:
     from transformers import JanusProcessor, PreTrainedTokenizerBase
@@ -92,7 +91,7 @@ class JanusAdapter(CausalLMAdapter):
     """Janus-Pro text-to-image generation. Build with the constructor (a checkpoint) or with
     `from_model` (an already built `JanusForConditionalGeneration` and a prompt encoder)."""
 
-    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
+    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS, FEATURES})
 
     def code_embeddings(self) -> torch.Tensor:
         """The generation VQ's codebook (stream ids are codebook indices) for GSD, LANTERN-style."""
@@ -228,17 +227,35 @@ class JanusAdapter(CausalLMAdapter):
             kwargs = {"position_ids": pos.clamp(min=0).to(self.device), "attention_mask": mask[:, None].to(self.device)}
         embeds = self.model.get_input_embeddings()(ids)
         out = self._logits(embeds, cache=cache.cache, use_cache=True, logits_to_keep=1, **kwargs)
-        return self._split(out.logits)
+        return self._output(out, ids.new_zeros(ids.shape), [len(r) for r in rows])  # text ids: not the drafter's codes
 
-    def _run(self, ids: torch.Tensor, **kwargs) -> CausalLMOutput:
+    def _run(self, ids: torch.Tensor, **kwargs) -> RunOutput:
         """Generated image codes: generation embeddings + aligner in, generation head out."""
         return self._logits(self.model.prepare_embeddings_for_image_generation(ids), **kwargs)
 
-    def _logits(self, embeds: torch.Tensor, logits_to_keep: int = 0, **kwargs) -> CausalLMOutput:
+    def _logits(self, embeds: torch.Tensor, logits_to_keep: int = 0, **kwargs) -> RunOutput:
         hidden = self.model.model.language_model(inputs_embeds=embeds, **kwargs).last_hidden_state
-        if logits_to_keep:
-            hidden = hidden[:, -logits_to_keep:]
-        return CausalLMOutput(logits=self.model.model.generation_head(hidden))
+        return self._head_output(hidden, logits_to_keep)
+
+    @property
+    def lm_head(self) -> torch.nn.Module:
+        return self.model.model.generation_head
+
+    @torch.no_grad()
+    def head(self, hidden: torch.Tensor) -> Logits:
+        return self._split(self.lm_head(hidden.to(self.model.dtype)))
+
+    @torch.no_grad()
+    def token_embeddings(self) -> torch.Tensor:
+        """The generation embedding of every code through the aligner: what the language model reads."""
+        codes = torch.arange(self.layout.vocab_size, device=self.device)
+        return self.model.prepare_embeddings_for_image_generation(codes[None])[0]
+
+    def architecture(self) -> dict:
+        config = self.model.config.text_config
+        arch = config.to_dict()
+        arch.update(rope_theta=rope_theta(config), vocab_size=self.layout.vocab_size)
+        return arch
 
     # -- pixels ---------------------------------------------------------------------------------
     @torch.no_grad()

@@ -39,11 +39,11 @@ import torch
 
 from sjd.models.base import ModelAdapter, codebook_by_id
 from sjd.models.cache import RaggedCache
-from sjd.models.causal_lm import RaggedRows
+from sjd.models.causal_lm import RaggedRows, RunOutput
 from sjd.models.loading import could_not_load, resolve_checkpoint, torch_dtype
 from sjd.models.nets.llamagen_gpt import LlamaGenConfig, LlamaGenGPT, load_gpt
 from sjd.models.nets.llamagen_vq import downsample_factor, load_vq, vq_config
-from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Logits, Prompt
+from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, FEATURES, WINDOW, ImageLayout, Logits, Prompt
 
 GPT_KEY, VQ_KEY, T5_KEY = "model.adapter.weights", "model.adapter.vq_weights", "model.adapter.t5"
 _HUB_FILE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+/[\w.-]+$")
@@ -87,7 +87,7 @@ def left_pad(features: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, 
 class LlamaGenAdapter(RaggedRows, ModelAdapter):
     """LlamaGen T2I. Build with the constructor (checkpoint files) or `from_parts` (built modules)."""
 
-    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
+    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS, FEATURES})
     official_schedule = "llamagen"
 
     def code_embeddings(self) -> torch.Tensor:
@@ -208,8 +208,13 @@ class LlamaGenAdapter(RaggedRows, ModelAdapter):
         self._with_uncond, self._caption_mask = with_uncond, mask
         width = self.gpt.config.cls_token_num
         self._cache = RaggedCache(None, [width] * len(embeds), int(with_uncond))
-        logits = self.gpt(embeds, cache=self._cache.cache, prefix_mask=mask, logits_to_keep=1)
-        return self._split(logits)
+        logits, hidden = self.gpt(
+            embeds, cache=self._cache.cache, prefix_mask=mask, logits_to_keep=1, return_hidden=True
+        )
+        ids = torch.zeros(
+            len(embeds), width, dtype=torch.long, device=self.device
+        )  # caption slots: no ids (as LANTERN)
+        return self._output(RunOutput(logits, hidden), ids, [width] * len(embeds))
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:
@@ -229,14 +234,39 @@ class LlamaGenAdapter(RaggedRows, ModelAdapter):
 
     def _run(self, tokens: torch.Tensor, position_ids, attention_mask) -> Logits:
         ids = torch.cat([tokens, tokens]) if self._with_uncond else tokens
-        logits = self.gpt(
+        logits, hidden = self.gpt(
             self.gpt.tok_embeddings(ids.to(self.device)),
             positions=position_ids,
             cache=self._cache.cache,
             attention_mask=attention_mask,
             prefix_mask=self._caption_mask,
+            return_hidden=True,
         )
-        return self._split(logits)
+        return self._output(RunOutput(logits, hidden))
+
+    # -- the `features` capability ------------------------------------------------------------------
+    @torch.no_grad()
+    def head(self, hidden: torch.Tensor) -> Logits:
+        return self._split(self.gpt.output(hidden.to(self.gpt.output.weight.dtype)).float())
+
+    def token_embeddings(self) -> torch.Tensor:
+        return self.gpt.tok_embeddings.weight
+
+    def architecture(self) -> dict:
+        """Our GPT's settings under transformers' names; the drafter's rotary table is the GPT's 2-D one."""
+        cfg = self.gpt.config
+        return {
+            "model_type": "llamagen",
+            "hidden_size": cfg.dim,
+            "vocab_size": cfg.vocab_size,
+            "num_attention_heads": cfg.n_head,
+            "num_key_value_heads": cfg.kv_heads,
+            "intermediate_size": cfg.ffn_dim,
+            "rms_norm_eps": cfg.norm_eps,
+            "rope_theta": cfg.rope_base,
+            "grid_size": cfg.grid_size,
+            "cls_token_num": cfg.cls_token_num,
+        }
 
     # -- pixels ---------------------------------------------------------------------------------
     @torch.no_grad()

@@ -17,14 +17,14 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from sjd.models.causal_lm import CausalLMAdapter
-from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
+from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, FEATURES, WINDOW, ImageLayout, Prompt
 
 PAD, BOS, NULL, WORD_A, WORD_B = 0, 1, 2, 3, 4
 FIRST_CODE = 5
 
 
 class MicroAdapter(CausalLMAdapter):
-    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
+    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS, FEATURES})
 
     def __init__(
         self,

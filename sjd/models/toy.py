@@ -17,7 +17,7 @@ from sjd.models.causal_lm import CausalLMAdapter
 from sjd.toy.model import load_toy
 from sjd.toy.scenes import GRID
 from sjd.toy.tokenizer import CODEBOOK, N_CODES, N_IMAGE_TOKENS, ToyVocab, decode_codes
-from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, WINDOW, ImageLayout, Prompt
+from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, FEATURES, WINDOW, ImageLayout, Prompt
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "assets" / "toy"
 
@@ -43,7 +43,7 @@ def toy_layout(vocab: ToyVocab) -> ImageLayout:
 
 
 class ToyAdapter(CausalLMAdapter):
-    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS})
+    capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS, FEATURES})
 
     def __init__(self, weights: str | None = None, device: str = "cpu", name: str = "toy") -> None:
         self.name = name

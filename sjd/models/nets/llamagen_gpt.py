@@ -243,8 +243,10 @@ class LlamaGenGPT(nn.Module):
         attention_mask: torch.Tensor | None = None,
         prefix_mask: torch.Tensor | None = None,
         logits_to_keep: int = 0,
-    ) -> torch.Tensor:
-        """Logits [B, S or logits_to_keep, vocab] for `embeds` [B, S, dim].
+        return_hidden: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits [B, S or logits_to_keep, vocab] for `embeds` [B, S, dim]; with `return_hidden`, also the
+        hidden states after the final norm [B, S, dim] (what a trained drafter reads).
 
         `cache`: a transformers `DynamicCache` (or None), appended to. `positions` [B, S]: slot positions (caption
         slots 0..cls_token_num-1, image cell g at cls_token_num + g); default: the slots after the cache.
@@ -268,9 +270,12 @@ class LlamaGenGPT(nn.Module):
         h = embeds
         for layer in self.layers:
             h = layer(h, rope, cache, mask)
-        if logits_to_keep:
-            h = h[:, -logits_to_keep:]
-        return self.output(self.norm(h)).float()
+        if not return_hidden:
+            if logits_to_keep:
+                h = h[:, -logits_to_keep:]
+            return self.output(self.norm(h)).float()
+        hidden = self.norm(h)
+        return self.output(hidden[:, -logits_to_keep:] if logits_to_keep else hidden).float(), hidden
 
 
 # Where LlamaGen's samplers look for the weights inside a checkpoint dict: DDP, DeepSpeed, Lightning-style.

@@ -1,0 +1,103 @@
+"""Verification of a draft tree: descend from the root while a child is accepted, then draw the next token.
+
+A tree holds, per row, nodes 0 .. N-1 in creation order: node 0 is the root (the last committed token, whose
+target output predicts the first drafted position), every other node a drafted token whose parent comes
+before it. The target's forward gives p at every node (the distribution of the token after it). From the
+root, the children of the current node are tested against p there by `recursive_rejection`
+(sjd.core.verify), each with the distribution it was drawn from: an accepted child becomes the current
+node, and where none is accepted the next token is drawn from the target left after the rejections. At a
+node without children the draw is from p itself (the bonus token). By induction over depth every committed
+token is distributed as AR's (docs/algorithms.md §12.3), provided the tree was chosen without the
+verification coins and each node's p is exact, which the tree's attention mask (a node sees the committed
+tokens, its ancestors and itself) makes it.
+
+`walk_tree` takes the per-node test as an argument, so relaxed rules (LANTERN's) change the test and
+nothing else. Pure and vectorised over rows; the loop runs over depth, at most the tree's depth + 1 times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from sjd.core.sampling import sample_from
+from sjd.core.verify import recursive_rejection
+
+NodeRule = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]
+]
+"""(target [B, V], candidates [B, K], candidate_q [B, K, V], present [B, K], uniforms [B, K]) -> (picked [B],
+target left [B, V]): `recursive_rejection`'s signature."""
+
+
+@dataclass
+class TreeWalk:
+    path: torch.Tensor  # [B, D + 1] nodes on the accepted path, root first; -1 past its end
+    n_accepted: torch.Tensor  # [B] drafted tokens accepted (the path's length minus the root)
+    next_token: torch.Tensor  # [B] the token after them: a residual sample, or the bonus
+    next_p: torch.Tensor  # [B, V] p at the last accepted node (where the next token's slot sits)
+
+
+def walk_tree(
+    p: torch.Tensor,
+    tokens: torch.Tensor,
+    children: torch.Tensor,
+    candidate_q: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+    rule: NodeRule = recursive_rejection,
+) -> TreeWalk:
+    """p [B, N, V] at every node, tokens [B, N], children [B, N, K] node indices in test order (-1 = none),
+    `candidate_q(node [B], kids [B, K]) -> [B, K, V]` the distribution each child of `node` was drawn from
+    given the ones before it, accept_uniforms [B, L, K] and sample_uniforms [B, L] for levels 0 .. L-1
+    (L = the tree's depth + 1)."""
+    B, N, _ = p.shape
+    levels = accept_uniforms.shape[1]
+    device = p.device
+    rows = torch.arange(B, device=device)
+    current = torch.zeros(B, dtype=torch.long, device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    path = torch.full((B, levels + 1), -1, dtype=torch.long, device=device)
+    path[:, 0] = 0
+    n_accepted = torch.zeros(B, dtype=torch.long, device=device)
+    next_token = torch.zeros(B, dtype=torch.long, device=device)
+    next_p = p[:, 0]
+    for level in range(levels):
+        target = p[rows, current]
+        kids = children[rows, current]  # [B, K]
+        present = (kids >= 0) & ~done[:, None]
+        safe = kids.clamp(min=0)
+        picked, left = rule(
+            target, tokens[rows[:, None], safe], candidate_q(current, kids), present, accept_uniforms[:, level]
+        )
+        stops = ~done & (picked < 0)
+        next_token = torch.where(stops, sample_from(left, sample_uniforms[:, level]), next_token)
+        next_p = torch.where(stops[:, None], target, next_p)
+        moves = ~done & (picked >= 0)
+        current = torch.where(moves, safe[rows, picked.clamp(min=0)], current)
+        n_accepted += moves.long()
+        path[:, level + 1] = torch.where(moves, current, -1)
+        done |= stops
+    if not bool(done.all()):
+        raise ValueError("walk_tree: the uniforms cover fewer levels than the tree has")
+    return TreeWalk(path, n_accepted, next_token, next_p)
+
+
+def ancestors(parent: torch.Tensor) -> torch.Tensor:
+    """[B, N, N] bool: node j is node i or one of its ancestors, from parent [B, N] (-1 for the root and
+    for absent nodes, whose row is themselves alone)."""
+    B, N = parent.shape
+    device = parent.device
+    eye = torch.eye(N, dtype=torch.bool, device=device).expand(B, N, N).clone()
+    up = parent.clone()
+    rows = torch.arange(B, device=device)[:, None]
+    out = eye
+    for _ in range(N):
+        has = up >= 0
+        if not bool(has.any()):
+            break
+        out = out | (torch.nn.functional.one_hot(up.clamp(min=0), N).bool() & has[..., None])
+        up = torch.where(has, parent[rows, up.clamp(min=0)], up)
+    return out

@@ -1,0 +1,222 @@
+"""EAGLE-2 (Li et al., EMNLP 2024) and EAGLE-1 (ICML 2024): a trained drafter grows a draft tree, one target
+forward verifies the whole tree (docs/algorithms.md §12).
+
+Each iteration:
+1. draft: the drafter (sjd.drafters) has caught up on every committed token; it grows a tree under the root,
+   the last committed token, which the target has not seen yet (sjd.drafters.tree);
+2. forward: root and nodes go through the target in one `forward_at`, each node seeing the committed tokens,
+   its ancestors and itself (the custom-mask capability); node slots are transient;
+3. verify: from the root, descend while a child is accepted (sjd.core.tree_verify): `eagle` tests its
+   deterministic top-k children with q = 1 (accept x iff u < p(x), else remove x from p), EAGLE-2's rule,
+   which is exact for any child set chosen without the verification coins; `eagle_sampled` draws children
+   from q without replacement and tests them by recursive rejection sampling (EAGLE-1's rule);
+4. commit: the accepted path and the next token; the target keeps the path's keys and values (`keep_slots`),
+   and the drafter catches up on the pairs (f_root, t_1) .. (f_last, next token), whose features the
+   target's forward just computed.
+
+Batch > 1: every row has its own tree, its own accepted length and its own caches' lengths, and draws its
+uniforms from its own generator, so a row's tokens do not depend on its batch.
+
+Settings (conf/decoder/eagle.yaml): `tree` (`dynamic`, or a static shape such as `mc_sim_7b_63`), `depth`,
+`top_k` and `total_tokens` (EAGLE-2's; the target forward is `total_tokens` wide: the root and the nodes),
+`children` (`top_k` or `sampled`), and `drafter.weights` (sjd.drafters.checkpoint).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from sjd.core.sampling import SamplingConfig, logits_to_probs
+from sjd.core.tree_verify import TreeWalk, walk_tree
+from sjd.core.verify import recursive_rejection, without_replacement_q
+from sjd.decoders.base import DecodeCall, Decoder, DecodeResult, ForwardClock
+from sjd.drafters.checkpoint import check_weights_setting, load_drafter, training_record
+from sjd.drafters.drafter import DrafterRun
+from sjd.drafters.tree import CHILDREN, STATIC_SHAPES, DraftTree, check_static_shape, grow
+from sjd.models.base import ModelAdapter
+from sjd.types import CUSTOM_MASK, FEATURES, WINDOW, Prompt
+
+
+class EagleDecoder(Decoder):
+    requires = frozenset({WINDOW, CUSTOM_MASK, FEATURES})
+
+    def __init__(
+        self,
+        name: str = "eagle",
+        drafter: dict | None = None,
+        tree: str = "dynamic",
+        depth: int = 7,
+        top_k: int = 10,
+        total_tokens: int = 60,
+        children: str = "top_k",
+    ) -> None:
+        drafter = dict(drafter or {})
+        unknown = sorted(set(drafter) - {"weights"})
+        if unknown:
+            raise ValueError(f"decoder.drafter: unknown setting(s) {unknown} (settings: weights)")
+        check_weights_setting(drafter.get("weights"), name)
+        if tree != "dynamic":
+            check_static_shape(tree)
+        if children not in CHILDREN:
+            raise ValueError(f"decoder.children must be one of {CHILDREN}, got {children!r}")
+        if depth < 1 or top_k < 1 or total_tokens < 2:
+            raise ValueError(
+                f"decoder.depth and decoder.top_k must be >= 1 and decoder.total_tokens >= 2, got {depth}, {top_k}, "
+                f"{total_tokens}"
+            )
+        self.name, self.drafter = name, {"weights": str(drafter["weights"])}
+        self.tree, self.depth, self.top_k, self.total_tokens, self.children = tree, depth, top_k, total_tokens, children
+
+    def config(self) -> dict:
+        out = super().config()
+        out["drafter"] = {**self.drafter, "record": training_record(self.drafter["weights"])}
+        return out
+
+    def check(self, adapter: ModelAdapter) -> None:
+        super().check(adapter)
+        load_drafter(adapter, self.drafter["weights"])  # a drafter that does not fit fails here, at start-up
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def generate(
+        self,
+        adapter: ModelAdapter,
+        prompts: Sequence[Prompt],
+        sampling: SamplingConfig,
+        generators: Sequence[torch.Generator],
+    ) -> DecodeResult:
+        call = DecodeCall(adapter, ForwardClock(adapter), sampling, generators)
+        clock, layout, device, B = call.clock, call.layout, call.device, len(prompts)
+        N = layout.n_tokens
+        tokens = torch.zeros(B, N, dtype=torch.long, device=device)
+        tokens[:, 0] = clock.start(prompts, sampling, generators)
+        run = DrafterRun(
+            load_drafter(adapter, self.drafter["weights"]), adapter, sampling, B, self.scratch(), clock.lap
+        )
+        run.start(clock.prefill_features, tokens[:, 0])
+        committed = torch.ones(B, dtype=torch.long, device=device)
+        accepted, n_forward, drafter_forwards = [[1] for _ in range(B)], [1] * B, [run.forwards] * B
+
+        while True:
+            active = committed < N
+            if not bool(active.any()):
+                break
+            before = run.forwards
+            tree = self.draft(run, committed - 1, generators)
+            clock.lap("draft")
+            p, features = self.forward(clock, tokens, committed - 1, tree, active, call)
+            clock.lap("pipeline")
+            walk = self.verify(p, tree, generators)
+            clock.lap("verify")
+            took = self.commit(adapter, run, tokens, committed, tree, walk, features, active)
+            clock.lap("commit")
+            for b, take in enumerate(took):
+                if take:
+                    accepted[b].append(take)
+                    n_forward[b] += 1
+                    drafter_forwards[b] += run.forwards - before
+
+        result = clock.finish(tokens, n_forward, accepted)
+        result.extras["drafter_forwards"] = drafter_forwards
+        result.extras["window_inputs"] = [(n - 1) * self.total_tokens for n in n_forward]
+        return result
+
+    # -- phases -----------------------------------------------------------------------------------------
+    def scratch(self) -> int:
+        """Drafter cache slots a tree needs: one per expanded node."""
+        if self.tree == "dynamic":
+            return self.top_k * self.depth
+        return max(1, len({tuple(p[:-1]) for p in STATIC_SHAPES[self.tree]} - {()}))
+
+    def levels(self) -> int:
+        """Verification levels: the tree's deepest node plus the draw after it."""
+        if self.tree == "dynamic":
+            return self.depth + 2
+        return max(len(p) for p in STATIC_SHAPES[self.tree]) + 1
+
+    def draft(self, run: DrafterRun, root_pos: torch.Tensor, generators) -> DraftTree:
+        """The draft tree of every row under its root (the last committed token)."""
+        return grow(run, root_pos, self.tree, self.depth, self.top_k, self.total_tokens, self.children, generators)
+
+    def forward(
+        self, clock: ForwardClock, tokens: torch.Tensor, root_pos: torch.Tensor, tree: DraftTree, active, call
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Root and nodes through the target; p at every node [B, n, V] and the target's hidden states."""
+        layout, device = call.layout, call.device
+        rows = torch.arange(len(root_pos), device=device)
+        window = tree.tokens.clone()
+        window[:, 0] = tokens[rows, root_pos.clamp(max=layout.n_tokens - 1)]
+        live = tree.present & active[:, None]
+        positions = torch.where(live, root_pos[:, None] + tree.depth, -1)
+        keep = torch.arange(layout.n_tokens, device=device)[None, :] < root_pos[:, None]
+        logits = clock.forward_at(window, positions, keep, tree.mask, tree.depth > 0)
+        predicted = torch.where(positions >= 0, positions + 1, layout.n_tokens).clamp(max=layout.n_tokens)
+        p = logits_to_probs(logits, predicted, layout, call.sampling)
+        return p, logits.features.hidden
+
+    def verify(self, p: torch.Tensor, tree: DraftTree, generators) -> TreeWalk:
+        """Descend the tree (sjd.core.tree_verify) with each row's own uniforms."""
+        L, K = self.levels(), self.top_k
+        u = torch.stack([torch.rand(L * (K + 1), generator=g, device=p.device) for g in generators])
+        accept_u, sample_u = u[:, : L * K].view(-1, L, K), u[:, L * K :]
+        return walk_tree(p, tree.tokens, tree.children, self.candidate_q(tree), accept_u, sample_u, self.node_rule())
+
+    def candidate_q(self, tree: DraftTree):
+        """What each child was drawn from: one-hot for top-k children, q without the earlier draws for sampled."""
+        rows = torch.arange(tree.tokens.shape[0], device=tree.tokens.device)
+        V = tree.node_q.shape[-1]
+
+        def q_of(node: torch.Tensor, kids: torch.Tensor) -> torch.Tensor:
+            ids = tree.tokens[rows[:, None], kids.clamp(min=0)]
+            if self.children == "top_k":
+                return torch.nn.functional.one_hot(ids, V).float()
+            return without_replacement_q(tree.node_q[rows, node], ids)
+
+        return q_of
+
+    def node_rule(self):
+        """The per-node test (recursive rejection sampling; relaxed decoders replace it)."""
+        return recursive_rejection
+
+    def commit(
+        self,
+        adapter: ModelAdapter,
+        run: DrafterRun,
+        tokens: torch.Tensor,
+        committed: torch.Tensor,
+        tree: DraftTree,
+        walk: TreeWalk,
+        features: torch.Tensor,
+        active: torch.Tensor,
+    ) -> list[int]:
+        """Write the accepted path and the next token; keep the path in the target's cache; let the drafter
+        catch up. Returns how many tokens each row committed (one host sync)."""
+        N, B = tokens.shape[1], tokens.shape[0]
+        device = tokens.device
+        rows = torch.arange(B, device=device)
+        root_pos = committed - 1
+        A = walk.path.shape[1]
+        offsets = torch.arange(A, device=device)
+        on_path = (offsets[None, :] <= walk.n_accepted[:, None]) & active[:, None]  # root and accepted nodes
+        path_nodes = walk.path.clamp(min=0)
+        drafted = tree.tokens.gather(1, path_nodes)  # [B, A]: path tokens (root first)
+        ends = root_pos + 1 + walk.n_accepted  # where the next token goes
+        write_pos = root_pos[:, None] + offsets[None, :]  # slot a holds the token at root_pos + a
+        write = on_path & (offsets[None, :] >= 1)
+        tokens[rows[:, None].expand(-1, A)[write], write_pos[write]] = drafted[write]
+        has_next = active & (ends < N)
+        tokens[rows[has_next], ends[has_next]] = walk.next_token[has_next]
+        take = torch.where(active, walk.n_accepted + has_next.long(), 0)
+        keep = torch.zeros_like(tree.present)
+        keep.scatter_(1, path_nodes, on_path & (offsets[None, :] >= 1))
+        adapter.keep_slots(keep)
+        # The drafter's pairs: (feature at path node a, the token after it) for a = 0 .. n_accepted.
+        gen_pos = (root_pos[:, None] + 1 + offsets[None, :]).clamp(max=N - 1)
+        count = torch.where(has_next, walk.n_accepted + 1, 0)
+        pair_tokens = torch.where(offsets[None, :] < count[:, None], tokens.gather(1, gen_pos), 0)
+        hidden = features.gather(1, run.to_rows(path_nodes)[..., None].expand(-1, -1, features.shape[-1]))
+        committed += take
+        if bool(has_next.any()):
+            run.catch_up(hidden, pair_tokens, gen_pos, count)
+        return take.tolist()

@@ -1,0 +1,175 @@
+"""Drafter checkpoints: the released EAGLE / LANTERN layout, our recipe's, and a seeded random one.
+
+A drafter directory holds `config.json` (the target's config with `num_hidden_layers: 1`, optionally
+`"bias": false` for an fc without bias, and for LlamaGen drafters LANTERN's `input_type`) and its weights in
+`model.safetensors` or `pytorch_model.bin` (read with `torch.load(weights_only=True)`; no pickled code runs),
+with the key names of sjd.drafters.net. `embed_tokens.weight` may be absent (EAGLE's own loader copies the
+target's embedding, as we do then); LANTERN's files carry it. Our recipe adds `drafter.json` with its training
+record (sjd.drafters.recipe).
+
+`decoder.drafter.weights` is such a directory, or `random` / `random:SEED`: an untrained drafter with seeded
+weights and the target's embedding, for models that are random themselves (the micro model) and for tests.
+Exactness never depends on the drafter; only how much it accepts does.
+
+A drafter is checked against the target before it is used: the layer family, hidden size and vocabulary must
+match (the error names the key and both values); the loaded network is kept per (directory, model, device)
+so a run loads it once, however many calls decode with it.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from pathlib import Path
+
+import torch
+
+from sjd.drafters.net import DrafterConfig, DrafterNet, config_from_architecture, family_of
+from sjd.models.base import ModelAdapter
+
+WEIGHTS_KEY = "decoder.drafter.weights"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+RECORD_FILE = "drafter.json"
+_LOADED: dict[tuple, tuple[weakref.ref, DrafterNet]] = {}
+
+
+def random_seed(weights: str) -> int | None:
+    """The seed of `random` / `random:SEED`, None for a directory."""
+    if weights == "random":
+        return 0
+    if weights.startswith("random:"):
+        try:
+            return int(weights.split(":", 1)[1])
+        except ValueError:
+            raise ValueError(f"{WEIGHTS_KEY}={weights!r}: expected random or random:SEED (an integer)") from None
+    return None
+
+
+def check_weights_setting(weights: str | None, decoder: str, key: str = WEIGHTS_KEY) -> None:
+    """Before any model loads: a drafter is named and, unless random, its directory has a config and weights."""
+    if weights is None:
+        raise ValueError(
+            f"decoder {decoder!r} needs a trained drafter: set `{key}` to a drafter directory (config.json and "
+            "model.safetensors or pytorch_model.bin, e.g. a released LANTERN drafter, or one from "
+            "`python scripts/train_drafter.py model=NAME`), or `random` for an untrained one"
+        )
+    if random_seed(str(weights)) is not None:
+        return
+    path = Path(weights).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"decoder {decoder!r}: no drafter config.json at {path.absolute()} (from `{key}`)")
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        raise FileNotFoundError(
+            f"decoder {decoder!r}: no drafter weights ({' or '.join(WEIGHT_FILES)}) in {path.absolute()} (from `{key}`)"
+        )
+
+
+def read_config(path: Path) -> dict:
+    return json.loads((path / "config.json").read_text())
+
+
+def check_against_target(drafter: dict, target: dict, where: str, key: str = WEIGHTS_KEY) -> None:
+    """Refuse a drafter config that does not fit the target, naming the key and both values."""
+    problems = []
+    for name in ("hidden_size", "vocab_size"):
+        if int(drafter.get(name, -1)) != int(target[name]):
+            problems.append(f"{name} {drafter.get(name)} (the target's: {target[name]})")
+    if family_of(drafter) != family_of(target):
+        problems.append(f"a {family_of(drafter)} layer (the target is a {family_of(target)} model)")
+    layers = drafter.get("num_hidden_layers", 1)
+    if layers != 1:
+        problems.append(f"num_hidden_layers {layers} (a drafter has 1)")
+    if problems:
+        raise ValueError(f"`{key}`: the drafter at {where} does not fit the target: " + "; ".join(problems))
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    for name in WEIGHT_FILES:
+        f = path / name
+        if not f.is_file():
+            continue
+        if f.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(f))
+        state = torch.load(f, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise ValueError(f"{f}: expected a state dict of tensors")
+        return state
+    raise FileNotFoundError(f"no drafter weights ({' or '.join(WEIGHT_FILES)}) in {path}")
+
+
+def drafter_config(adapter: ModelAdapter, weights: str) -> DrafterConfig:
+    """The drafter's config for this target: from its config.json, or the target's own for `random`."""
+    target = adapter.architecture()
+    if random_seed(weights) is not None:
+        return config_from_architecture(target)
+    path = Path(weights).expanduser()
+    config = read_config(path)
+    check_against_target(config, target, str(path))
+    arch = {**config}
+    for key in ("grid_size", "cls_token_num"):  # the 2-D rotary table is the target's
+        if key in target:
+            arch.setdefault(key, target[key])
+    return config_from_architecture(arch)
+
+
+def load_drafter(adapter: ModelAdapter, weights: str) -> DrafterNet:
+    """The drafter network for `adapter`, in the target's dtype and on its device (loaded once per
+    directory, model and device)."""
+    key = (str(weights), str(adapter.device))
+    held = _LOADED.get(key)
+    if held is None or held[0]() is not adapter:  # another model (or the same one rebuilt): load afresh
+        _LOADED.clear()  # one drafter at a time: a run uses one model
+        _LOADED[key] = (weakref.ref(adapter), build(adapter, weights))
+    return _LOADED[key][1]
+
+
+def build(adapter: ModelAdapter, weights: str) -> DrafterNet:
+    cfg = drafter_config(adapter, weights)
+    embedding = adapter.token_embeddings().detach()
+    seed = random_seed(weights)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed or 0)
+        net = DrafterNet(cfg)
+    if seed is None:
+        path = Path(weights).expanduser()
+        state = read_weights(path)
+        if "embed_tokens.weight" not in state:
+            state["embed_tokens.weight"] = embedding.cpu()
+        expected = net.state_dict()
+        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+        wrong = [k for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
+        if missing or unexpected or wrong:
+            raise ValueError(
+                f"`{WEIGHTS_KEY}`: {path} is not a {cfg.family} drafter of this target: missing {missing}, "
+                f"unexpected {unexpected}, wrong shape {[(k, tuple(state[k].shape)) for k in wrong]}"
+            )
+        net.load_state_dict(state)
+    else:
+        with torch.no_grad():
+            net.embed_tokens.weight.copy_(embedding.float().cpu())
+    dtype = embedding.dtype if embedding.is_floating_point() else torch.float32
+    return net.to(device=adapter.device, dtype=dtype).eval()
+
+
+def save_drafter(net: DrafterNet, directory: Path, target_architecture: dict, record: dict | None = None) -> None:
+    """config.json (the target's config with one layer, in the released layout), model.safetensors and,
+    for our recipe, drafter.json with the training record."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {**target_architecture, "num_hidden_layers": 1, "bias": net.config.fc_bias}
+    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
+    state = {k: v.detach().contiguous().cpu() for k, v in net.state_dict().items()}
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    if record is not None:
+        (directory / RECORD_FILE).write_text(json.dumps(record, indent=2, sort_keys=True))
+
+
+def training_record(weights: str) -> dict | None:
+    """Our recipe's record of a drafter directory (recipe and hashes), None for others."""
+    if random_seed(str(weights)) is not None:
+        return {"random_seed": random_seed(str(weights))}
+    f = Path(weights).expanduser() / RECORD_FILE
+    return json.loads(f.read_text()) if f.is_file() else None

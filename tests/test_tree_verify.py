@@ -1,0 +1,134 @@
+"""The tree rules are exact, and the ratio rule on top-k children is not: checked on synthetic trees with
+hundreds of thousands of rows at once (walk_tree is vectorised over rows), against the known target."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from sjd.core.tree_verify import ancestors, walk_tree
+from sjd.core.verify import recursive_rejection, without_replacement_q
+
+ROWS = 200_000
+V = 5
+
+
+def one_hot_q(tokens):
+    rows = torch.arange(tokens.shape[0])
+
+    def q_of(node, kids):
+        return torch.nn.functional.one_hot(tokens[rows[:, None], kids.clamp(min=0)], V).float()
+
+    return q_of
+
+
+def tree_of_two_levels(root_children: torch.Tensor, grandchild: torch.Tensor):
+    """Root (node 0) with children 1 .. k (tokens `root_children` [B, k]); node 1 has one child (token
+    `grandchild` [B]) at node k + 1."""
+    B, k = root_children.shape
+    n = k + 2
+    tokens = torch.zeros(B, n, dtype=torch.long)
+    tokens[:, 1 : k + 1], tokens[:, k + 1] = root_children, grandchild
+    children = torch.full((B, n, k), -1, dtype=torch.long)
+    children[:, 0] = torch.arange(1, k + 1)
+    children[:, 1, 0] = k + 1
+    return tokens, children
+
+
+def first_two(walk, tokens):
+    """The first committed token and the second, per row."""
+    rows = torch.arange(tokens.shape[0])
+    first = torch.where(walk.n_accepted >= 1, tokens[rows, walk.path[:, 1].clamp(min=0)], walk.next_token)
+    second = torch.where(
+        walk.n_accepted >= 2,
+        tokens[rows, walk.path[:, 2].clamp(min=0)],
+        torch.where(walk.n_accepted == 1, walk.next_token, -1),
+    )
+    return first, second
+
+
+def p_table(seed: int, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(2 * torch.randn(n, V, generator=g, dtype=torch.float64), -1).float()
+
+
+def fits(counts: np.ndarray, p: torch.Tensor) -> float:
+    expected = p.double().numpy()
+    return chisquare(counts, counts.sum() * expected / expected.sum()).pvalue
+
+
+@pytest.mark.parametrize("children", ["top_k", "sampled"])
+def test_descending_a_tree_commits_tokens_distributed_as_the_target(children):
+    g = torch.Generator().manual_seed(0)
+    ps = p_table(1, V + 1)  # ps[0]: p after the root; ps[1 + x]: p after a first token x
+    q = p_table(2, 1)[0]  # the drafter's q at the root: far from ps[0]
+    k = 3
+    if children == "top_k":
+        kids = q.topk(k).indices.expand(ROWS, k)
+    else:  # an ordered draw without replacement, fresh for every row
+        gumbel = -(-torch.rand(ROWS, V, generator=g).log()).log()
+        kids = (q.log() + gumbel).topk(k, dim=1).indices
+    grand = ps[1 + kids[:, 0]].argmax(-1)
+    tokens, tree_children = tree_of_two_levels(kids, grand)
+    n = tokens.shape[1]
+    p = torch.empty(ROWS, n, V)
+    p[:, 0] = ps[0]
+    p[:, 1 : k + 1] = ps[1 + kids]
+    p[:, k + 1] = 0.2  # after the grandchild: any p (uniform)
+    rows = torch.arange(ROWS)
+    if children == "top_k":
+        q_of = one_hot_q(tokens)
+    else:
+
+        def q_of(node, kid_nodes):  # the root's children were drawn from q; node 1's one child is fixed
+            ids = tokens[rows[:, None], kid_nodes.clamp(min=0)]
+            drawn = without_replacement_q(q.expand(ROWS, V), ids)
+            return torch.where((node == 0)[:, None, None], drawn, torch.nn.functional.one_hot(ids, V).float())
+
+    u = torch.rand(ROWS, 3, k, generator=g)
+    walk = walk_tree(p, tokens, tree_children, q_of, u, torch.rand(ROWS, 3, generator=g))
+    first, second = first_two(walk, tokens)
+    counts = np.bincount(first.numpy(), minlength=V)
+    assert fits(counts, ps[0]) > 1e-3
+    for x in range(V):  # given an accepted first child x, the next token is distributed as p after x
+        rows_x = (first == x) & (walk.n_accepted >= 1)
+        if rows_x.sum() < 1000:
+            continue
+        c = np.bincount(second[rows_x].numpy(), minlength=V)
+        assert fits(c, ps[1 + x]) > 1e-3, (children, x)
+    assert (walk.n_accepted >= 1).float().mean() > 0.3  # the tree is used
+
+
+def test_the_ratio_rule_on_top_k_children_is_biased():
+    """EAGLE-1's rule u < p(x) / q(x) with a deterministic arg-max child: p = (.5, .5), q = (.6, .4) gives
+    P(first = x) = 5/6, not 1/2."""
+    p0 = torch.tensor([0.5, 0.5])
+    q = torch.tensor([0.6, 0.4])
+    g = torch.Generator().manual_seed(0)
+    target = p0.expand(ROWS, 2)
+    cands = torch.zeros(ROWS, 1, dtype=torch.long)  # arg-max of q
+    present = torch.ones(ROWS, 1, dtype=torch.bool)
+    u = torch.rand(ROWS, 1, generator=g)
+    picked, left = recursive_rejection(target, cands, q.expand(ROWS, 1, 2), present, u)
+    out = torch.where(picked >= 0, 0, torch.multinomial(left, 1, generator=g)[:, 0])
+    assert (out == 0).float().mean().item() == pytest.approx(5 / 6, abs=0.005)
+    picked, left = recursive_rejection(target, cands, torch.nn.functional.one_hot(cands, 2).float(), present, u)
+    out = torch.where(picked >= 0, 0, torch.multinomial(left, 1, generator=g)[:, 0])
+    assert (out == 0).float().mean().item() == pytest.approx(0.5, abs=0.005)  # q = 1: exact
+
+
+def test_ancestor_mask_holds_each_node_its_path():
+    parent = torch.tensor([[-1, 0, 0, 1, 3, -1]])
+    mask = ancestors(parent)[0]
+    assert mask[4].nonzero().flatten().tolist() == [0, 1, 3, 4]
+    assert mask[2].nonzero().flatten().tolist() == [0, 2]
+    assert mask[5].nonzero().flatten().tolist() == [5]  # an absent node sees itself only
+
+
+def test_without_replacement_q_removes_earlier_draws():
+    q = torch.tensor([[0.4, 0.3, 0.2, 0.1]])
+    out = without_replacement_q(q, torch.tensor([[0, 2]]))
+    assert torch.allclose(out[0, 0], q[0])
+    assert torch.allclose(out[0, 1], torch.tensor([0.0, 0.5, 1 / 3, 1 / 6]))
