@@ -45,6 +45,18 @@ def random_seed(weights: str) -> int | None:
     return None
 
 
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def resolve(weights: str) -> Path:
+    """A drafter directory: absolute as given; a relative one from the working directory, else from the
+    project root (so `sjd/assets/...` works from anywhere)."""
+    path = Path(weights).expanduser()
+    if path.is_absolute() or path.exists():
+        return path
+    return PROJECT_ROOT / path
+
+
 def check_weights_setting(weights: str | None, decoder: str, key: str = WEIGHTS_KEY) -> None:
     """Before any model loads: a drafter is named and, unless random, its directory has a config and weights."""
     if weights is None:
@@ -55,7 +67,7 @@ def check_weights_setting(weights: str | None, decoder: str, key: str = WEIGHTS_
         )
     if random_seed(str(weights)) is not None:
         return
-    path = Path(weights).expanduser()
+    path = resolve(str(weights))
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"decoder {decoder!r}: no drafter config.json at {path.absolute()} (from `{key}`)")
     if not any((path / f).is_file() for f in WEIGHT_FILES):
@@ -104,7 +116,7 @@ def drafter_config(adapter: ModelAdapter, weights: str) -> DrafterConfig:
     target = adapter.architecture()
     if random_seed(weights) is not None:
         return config_from_architecture(target)
-    path = Path(weights).expanduser()
+    path = resolve(weights)
     config = read_config(path)
     check_against_target(config, target, str(path))
     arch = {**config}
@@ -133,7 +145,7 @@ def build(adapter: ModelAdapter, weights: str) -> DrafterNet:
         torch.manual_seed(seed or 0)
         net = DrafterNet(cfg)
     if seed is None:
-        path = Path(weights).expanduser()
+        path = resolve(weights)
         state = read_weights(path)
         if "embed_tokens.weight" not in state:
             state["embed_tokens.weight"] = embedding.cpu()
@@ -171,5 +183,5 @@ def training_record(weights: str) -> dict | None:
     """Our recipe's record of a drafter directory (recipe and hashes), None for others."""
     if random_seed(str(weights)) is not None:
         return {"random_seed": random_seed(str(weights))}
-    f = Path(weights).expanduser() / RECORD_FILE
+    f = resolve(str(weights)) / RECORD_FILE
     return json.loads(f.read_text()) if f.is_file() else None
