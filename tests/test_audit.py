@@ -36,6 +36,8 @@ def test_exact_distribution_sums_to_one_and_cfg_matters():
         ["decoder=sjd", "decoder.init=sample_horizon"],
         ["decoder=sjd", "micro_decoder.window=8", "batch_size=500"],
         ["model=micro_sjd2", "decoder=sjd2", "decoder.denoise_steps=1"],
+        ["decoder=eagle"],
+        ["decoder=eagle_sampled"],
     ],
     ids=[
         "ar",
@@ -46,6 +48,8 @@ def test_exact_distribution_sums_to_one_and_cfg_matters():
         "sjd-sample-horizon",
         "sjd-window8",
         "sjd2-1step",
+        "eagle",
+        "eagle-sampled",
     ],
 )
 @pytest.mark.slow

@@ -22,7 +22,13 @@ def test_every_model_and_decoder_composes(compose_cfg, model, decoder):
     cfg = compose_cfg([f"model={model}", f"decoder={decoder}"])
     assert cfg.model.name == model and cfg.decoder.name == decoder
     assert cfg.baseline.name == "ar"
-    d = instantiate(cfg.decoder)
+    if "drafter" in cfg.decoder and cfg.model.get("drafter") is None:
+        # a drafter decoder on a model with no shipped drafter stops at once, naming the key to set
+        with pytest.raises(Exception, match=r"needs a trained drafter: set `decoder\.drafter\.weights`"):
+            instantiate(cfg.decoder)
+        d = instantiate(cfg.decoder, drafter={"weights": "random"})
+    else:
+        d = instantiate(cfg.decoder)
     assert d.name == decoder
 
 
@@ -32,6 +38,10 @@ def test_every_experiment_composes_and_builds_its_decoders(compose_cfg, experime
 
     cfg = compose_cfg([f"experiment={experiment}"])
     assert cfg.experiment_name == experiment
+    if "drafter" in cfg.decoder and cfg.decoder.drafter.weights is None:  # a paper overlay needing released weights
+        with pytest.raises(Exception, match=r"decoder\.drafter\.weights"):
+            build_decoders(cfg)
+        cfg = compose_cfg([f"experiment={experiment}", "decoder.drafter.weights=random"])
     decoders, baseline = build_decoders(cfg)
     if cfg.get("baseline") is None:  # a forwards-only study: no AR to time against
         assert baseline is None and cfg.study is not None and not cfg.save_images
@@ -126,8 +136,9 @@ def test_unknown_names_list_the_options(group, name):
 def test_a_sweep_through_the_submitit_local_launcher_is_collected(tmp_path):
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "run.py"), "--multirun", "hydra/launcher=local", f"hydra.sweep.dir={sweep}",
-         "decoder.window=4,8", "prompts.n=1", "warmup=0", "save_images=false", "results_csv=null", "eval=none"],
+        [sys.executable, str(ROOT / "run.py"), "--multirun", "hydra/launcher=local", "decoder=sjd,csjd",
+         "decoder.window=8,16", f"hydra.sweep.dir={sweep}", "prompts.n=1", "warmup=0", "save_images=false",
+         "results_csv=null", "eval=none"],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -137,9 +148,9 @@ def test_a_sweep_through_the_submitit_local_launcher_is_collected(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     table = pd.read_csv(sweep / "sweep.csv")
-    assert len(table) == 4 and table["job"].nunique() == 2  # AR + SJD per job
-    windows = {json.loads(c)["sjd"]["window"] for c in table["decoder_configs"]}
-    assert windows == {4, 8}
+    assert len(table) == 8 and table["job"].nunique() == 4  # AR + the decoder per job: the README's sweep
+    jobs = {(d, json.loads(c)[d]["window"]) for d, c in zip(table["decoder"], table["decoder_configs"]) if d != "ar"}
+    assert jobs == {("sjd", 8), ("sjd", 16), ("csjd", 8), ("csjd", 16)}
 
 
 # An overlay that re-runs another's decoders under the same names, for a page that reads both runs together

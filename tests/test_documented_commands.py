@@ -102,7 +102,7 @@ REGISTRY = [
           ('"logger=wandb"', "offline-run-")),
     Entry(r"python run\.py --multirun .*hydra/launcher=local.*", "test",
           "tests/test_configs.py::test_a_sweep_through_the_submitit_local_launcher_is_collected",
-          ("hydra/launcher=local", "collect_sweep.py")),
+          ("hydra/launcher=local", '"decoder=sjd,csjd"', '"decoder.window=8,16"', "collect_sweep.py")),
     Entry(r"python scripts/collect_sweep\.py .*", "test",
           "tests/test_configs.py::test_a_sweep_through_the_submitit_local_launcher_is_collected",
           ("collect_sweep.py",)),

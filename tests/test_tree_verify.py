@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from sjd.core.tree_verify import ancestors, walk_tree
+from sjd.core.tree_verify import ancestors, sample_and_descend, walk_tree
 from sjd.core.verify import recursive_rejection, without_replacement_q
 
 ROWS = 200_000
@@ -132,3 +132,27 @@ def test_without_replacement_q_removes_earlier_draws():
     out = without_replacement_q(q, torch.tensor([[0, 2]]))
     assert torch.allclose(out[0, 0], q[0])
     assert torch.allclose(out[0, 1], torch.tensor([0.0, 0.5, 1 / 3, 1 / 6]))
+
+
+def test_one_draw_descent_is_eagle_2s_rule_in_distribution():
+    """sample_and_descend accepts child x with probability p(x) and leaves p without the children, as recursive
+    rejection with one-hot q does; absent children change nothing."""
+    g = torch.Generator().manual_seed(3)
+    p = p_table(4, 1).expand(ROWS, V)
+    cands = torch.tensor([[3, 1, 0]]).expand(ROWS, 3)
+    present = torch.tensor([[True, True, False]]).expand(ROWS, 3)
+    outcomes = []
+    for rule in (sample_and_descend, recursive_rejection):
+        picked, left = rule(
+            p, cands, torch.nn.functional.one_hot(cands, V).float(), present, torch.rand(ROWS, 3, generator=g)
+        )
+        out = torch.where(
+            picked >= 0,
+            cands.gather(1, picked.clamp(min=0)[:, None])[:, 0],
+            torch.multinomial(left, 1, generator=g)[:, 0],
+        )
+        outcomes.append(np.bincount(out.numpy(), minlength=V))
+        stopped = left[picked < 0]
+        assert (stopped[:, [1, 3]] == 0).all() and (stopped[:, 0] > 0).all()  # id 0 is an absent child: kept
+    for counts in outcomes:
+        assert fits(counts, p[0]) > 1e-3

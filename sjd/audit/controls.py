@@ -1,7 +1,7 @@
 """DELIBERATELY FAULTY decoders: the negative controls the exactness audits must catch.
 
-Each is a lossless decoder with one known slip, made by overriding one phase. They exist only for
-tests and for the controls study (`python run.py experiment=audit_controls`, its page
+Each is a lossless decoder with one known slip, made by overriding one phase (SJD's, coupled SJD's or
+EAGLE's). They exist only for tests and for the controls study (`python run.py experiment=audit_controls`, its page
 docs/results/audit_controls.md); no config in conf/decoder/ names them. Each keeps `lossless = True`,
 the claim it would make, so an audit that catches it has caught a false claim.
 """
@@ -11,9 +11,11 @@ from __future__ import annotations
 import torch
 
 from sjd.core.sampling import filter_top_k_top_p, sample_from
-from sjd.core.verify import VerifyResult, block_verify
+from sjd.core.verify import VerifyResult, block_verify, recursive_rejection, without_replacement_q
 from sjd.core.verify import verify as speculative_verify
+from sjd.decoders.base import Decoder
 from sjd.decoders.coupled import CoupledSJDDecoder, maximal_coupling_drafts
+from sjd.decoders.eagle import EagleDecoder
 from sjd.decoders.sjd import SJDDecoder
 
 
@@ -85,16 +87,37 @@ class LowPrecisionDrafts(SJDDecoder):
         return sample_from(low / low.sum(-1, keepdim=True), uniforms), p
 
 
+class RatioRuleOnTopK(EagleDecoder):
+    """FAULTY: EAGLE-2's deterministic top-k children verified with EAGLE-1's ratio rule (accept the i-th child
+    x iff u * q_i(x) < p(x), q_i = q without the earlier children), which is exact only for children drawn from
+    q. With p = (.5, .5) and the arg-max child of q = (.6, .4), the child is committed with probability 5/6."""
+
+    def __init__(self, name: str = "ratio_rule_top_k", window: int = 60, drafter: dict | None = None, **kw) -> None:
+        super().__init__(name, drafter or {"weights": "random"}, total_tokens=window, **kw)
+
+    def candidate_q(self, tree):
+        rows = torch.arange(tree.tokens.shape[0], device=tree.tokens.device)
+
+        def as_if_drawn(node, kids):
+            return without_replacement_q(tree.node_q[rows, node], tree.tokens[rows[:, None], kids.clamp(min=0)])
+
+        return as_if_drawn
+
+    def node_rule(self, adapter):
+        return recursive_rejection
+
+
 CONTROLS = {
     "resample_from_p": ResampleFromP,
     "stale_q_maximal": StaleQMaximal,
     "slot_gumbel": SlotGumbel,
     "q_before_top_k": QBeforeTopK,
     "low_precision_drafts": LowPrecisionDrafts,
+    "ratio_rule_top_k": RatioRuleOnTopK,
 }
 
 
-def make_control(name: str, window: int = 4) -> SJDDecoder:
+def make_control(name: str, window: int = 4) -> Decoder:
     """The deliberately faulty decoder `name` (a key of CONTROLS) at `window`."""
     if name not in CONTROLS:
         raise ValueError(f"unknown negative control {name!r}; one of {sorted(CONTROLS)}")

@@ -1,6 +1,7 @@
-"""Relaxed (lossy) acceptance rules for speculative Jacobi windows: GSD and LANTERN-style.
+"""Relaxed (lossy) acceptance rules: GSD and LANTERN-style for speculative Jacobi windows, and LANTERN's
+own node test for draft trees.
 
-Both accept a draft x more often than min(1, p(x)/q(x)) by crediting x with the target mass
+Each accepts a draft x more often than min(1, p(x)/q(x)) by crediting x with the target mass
 of image codes "like" x: its nearest neighbours in the image tokenizer's latent space (the
 model's `code_embeddings`). They trade exactness for speed; the audit measures how much.
 
@@ -13,17 +14,23 @@ model's `code_embeddings`). They trade exactness for speed; the audit measures h
 - LANTERN-style (ICLR 2025, training-free variant on SJD's drafts): x's `neighbours` nearest
   codes are added in order of latent distance while the added target mass stays <= `delta`
   (a total-variation budget); accept iff u * q(x) < p(x) + added. On rejection, sample p with
-  x and its credited neighbours removed, as LANTERN does.
+  x and its credited neighbours removed.
+- LANTERN / LANTERN++ on a draft tree (`lantern_tree_rule`, for sjd.decoders.lantern): the released
+  code's test, with its additive bound `delta` or LANTERN++'s multiplicative bound `lam`, its rejection
+  (the first k + 1 neighbours zeroed in p, or in q for its EAGLE-1 rule on LlamaGen and Anole), and a
+  zero-mass fallback kept inside the grammar (`grammar_fallback`).
 
 Pure functions, vectorised over batch and window, as sjd.core.verify.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from sjd.core.sampling import sample_from
-from sjd.core.verify import VerifyResult, accepted_prefix, residual, stop_slot
+from sjd.core.verify import RESIDUAL_EPS, VerifyResult, accepted_prefix, residual, stop_slot
 
 
 def neighbour_table(embeddings: torch.Tensor, free: torch.Tensor, k: int) -> torch.Tensor:
@@ -102,3 +109,151 @@ def lantern_rejection(
     left.scatter_(-1, table[drafts], left.gather(-1, table[drafts]) * ~credited)
     mass = left.sum(-1, keepdim=True)
     return torch.where(mass > 1e-12, left / mass.clamp_min(1e-30), full)
+
+
+# -- LANTERN and LANTERN++ on a draft tree (sjd.decoders.lantern) -------------------------------------
+# The rules above credit neighbours on SJD's window; the ones below are the released LANTERN code's node
+# test for a draft tree (docs/algorithms.md §7.3), given to sjd.core.tree_verify.walk_tree.
+@dataclass(frozen=True)
+class CodeNeighbours:
+    """The nearest codes of every free id by latent L2 distance (itself excluded, nearest first), `width`
+    of them, held compactly: `table` [n_free, width] int16 (int32 past 32767 codes) holds positions in
+    `ids` [n_free] (the free ids), and `slot` [V] maps an id to its row (-1 for ids that are not free)."""
+
+    table: torch.Tensor
+    ids: torch.Tensor
+    slot: torch.Tensor
+
+    @property
+    def width(self) -> int:
+        return self.table.shape[1]
+
+    @property
+    def free(self) -> torch.Tensor:
+        """[V] bool: the ids the table covers (the layout's free ids), on the table's device."""
+        return self.slot >= 0
+
+    def of(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first n neighbours of ids x [B] as ids [B, n] (0 where absent) and whether each is there [B, n]:
+        a non-free id has none, and none lies past the table's width."""
+        n = min(n, self.width)
+        row = self.slot[x]
+        found = self.table[row.clamp(min=0), :n].long()
+        there = (row >= 0)[:, None].expand(-1, n)
+        return torch.where(there, self.ids[found], 0), there
+
+
+def code_neighbours(embeddings: torch.Tensor, free: torch.Tensor, width: int, chunk: int = 1024) -> CodeNeighbours:
+    """The `width` nearest other free ids of every free id (at most all of them), computed on the embeddings'
+    device `chunk` rows at a time, so the full distance matrix of a large codebook is never held. Equal
+    distances go to the lower id (a stable sort), not to whatever order a top-k kernel leaves them in."""
+    device = embeddings.device
+    free = free.to(device)
+    ids = free.nonzero().flatten()
+    n = len(ids)
+    width = max(0, min(width, n - 1))
+    e = embeddings[ids].float()
+    table = torch.empty(n, width, dtype=torch.int16 if n <= 32767 else torch.int32, device=device)
+    for start in range(0, n, chunk):
+        dist = torch.cdist(e[start : start + chunk], e)
+        rows = torch.arange(dist.shape[0], device=device)
+        dist[rows, start + rows] = float("inf")  # itself is no neighbour
+        table[start : start + chunk] = dist.sort(dim=-1, stable=True).indices[:, :width].to(table.dtype)
+    slot = torch.full((len(free),), -1, dtype=torch.long, device=device)
+    slot[ids] = torch.arange(n, device=device)
+    return CodeNeighbours(table, ids, slot)
+
+
+def lantern_credit(
+    target: torch.Tensor,
+    x: torch.Tensor,
+    neighbours: torch.Tensor,
+    there: torch.Tensor,
+    delta: float | None = None,
+    lam: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LANTERN's relaxed target mass of drafts x [B] under `target` [B, V], with x's k nearest codes
+    `neighbours` [B, k] (`there` [B, k] False where absent): c_j = the target mass of the first j + 1
+    neighbours, J = the largest j with c_j <= delta (LANTERN, additive) or c_j <= (lam - 1) p(x)
+    (LANTERN++, multiplicative). Returns p(x) + c_J (p(x) where no j qualifies) [B] and whether J exists [B]."""
+    if (delta is None) == (lam is None):
+        raise ValueError("lantern_credit: give exactly one of delta (LANTERN) and lam (LANTERN++)")
+    rows = torch.arange(len(x), device=x.device)
+    p_x = target[rows, x]
+    cum = (target.gather(1, neighbours) * there).cumsum(1)  # never decreases: a prefix qualifies
+    bound = torch.full_like(p_x, delta) if lam is None else (lam - 1) * p_x
+    n_within = ((cum <= bound[:, None]) & there).sum(1)
+    has_j = n_within > 0
+    credit = cum.gather(1, (n_within - 1).clamp(min=0)[:, None]).squeeze(1) if cum.shape[1] else p_x * 0
+    return p_x + torch.where(has_j, credit, 0.0), has_j
+
+
+def grammar_fallback(target: torch.Tensor, free: torch.Tensor) -> torch.Tensor:
+    """Where a relaxed residual has no mass left: uniform over the ids the grammar allows at the node, read
+    off the node's own target [B, V] (the grammar gives a position either the free ids or one forced id, and
+    a forced id is never free): the free ids, or the forced id where the target has mass outside them. The
+    released code falls back to uniform over the whole vocabulary, which can name an id the layout forbids."""
+    forced_here = (target * ~free).sum(1, keepdim=True) > 0
+    allowed = torch.where(forced_here, target > 0, free[None, :]).float()
+    return allowed / allowed.sum(1, keepdim=True)
+
+
+def lantern_rejection_residual(
+    target: torch.Tensor,
+    q: torch.Tensor,
+    neighbours: torch.Tensor,
+    there: torch.Tensor,
+    zero: torch.Tensor,
+    zero_in: str,
+    fallback: torch.Tensor,
+) -> torch.Tensor:
+    """The target left [B, V] after a draft drawn from q [B, V] was rejected: norm(max(0, target - q)), where
+    the rows `zero` [B] first set the listed `neighbours` [B, k+1] (`there` [B, k+1]) to 0 in the target
+    (`zero_in="p"`: EAGLE-2's rule, and Lumina's EAGLE-1 rule) or in q (`"q"`: the EAGLE-1 rule for LlamaGen
+    and Anole). With a one-hot q this removes the draft itself. `fallback` [B, V] where nothing is left."""
+    if zero_in not in ("p", "q"):
+        raise ValueError(f"zero_in must be 'p' or 'q', got {zero_in!r}")
+    hit = torch.zeros_like(target, dtype=torch.bool).scatter_(1, neighbours, there & zero[:, None])
+    if zero_in == "p":
+        target = target.masked_fill(hit, 0.0)
+    else:
+        q = q.masked_fill(hit, 0.0)
+    left = (target - q).clamp_min(0)
+    mass = left.sum(1, keepdim=True)
+    return torch.where(mass > RESIDUAL_EPS, left / mass.clamp_min(RESIDUAL_EPS), fallback)
+
+
+def lantern_tree_rule(
+    target: torch.Tensor,
+    candidates: torch.Tensor,
+    candidate_q: torch.Tensor,
+    present: torch.Tensor,
+    uniforms: torch.Tensor,
+    *,
+    neighbours: CodeNeighbours,
+    k: int,
+    delta: float | None = None,
+    lam: float | None = None,
+    zero_in: str = "p",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LANTERN's node test: `sjd.core.verify.recursive_rejection` (same arguments and returns) with the
+    relaxed mass of `lantern_credit` in place of target(c) (computed from the target left by the earlier
+    siblings' rejections, as the released code does): candidate i is accepted iff u_i * q_i(c_i) < p~(c_i).
+    On a rejection the target becomes `lantern_rejection_residual`, with c's first k + 1 neighbours zeroed
+    when J exists; `grammar_fallback` where nothing is left. k = 0, or a bound that credits nothing
+    (delta = 0 or lam = 1 with no zero-mass neighbour), gives recursive rejection sampling's outcomes."""
+    B, K = candidates.shape
+    rows = torch.arange(B, device=target.device)
+    fallback = grammar_fallback(target, neighbours.free)
+    picked = torch.full((B,), -1, dtype=torch.long, device=target.device)
+    for i in range(K):
+        open_ = present[:, i] & (picked < 0)
+        c, q_i = candidates[:, i], candidate_q[:, i]
+        nb, there = neighbours.of(c, k + 1)
+        relaxed, has_j = lantern_credit(target, c, nb[:, :k], there[:, :k], delta, lam)
+        ok = open_ & (uniforms[:, i] * q_i[rows, c] < relaxed)
+        picked = torch.where(ok, i, picked)
+        rejected = open_ & ~ok
+        left = lantern_rejection_residual(target, q_i, nb, there, has_j, zero_in, fallback)
+        target = torch.where(rejected[:, None], left, target)
+    return picked, target

@@ -7,7 +7,7 @@ root, the children of the current node are tested against p there by `recursive_
 (sjd.core.verify), each with the distribution it was drawn from: an accepted child becomes the current
 node, and where none is accepted the next token is drawn from the target left after the rejections. At a
 node without children the draw is from p itself (the bonus token). By induction over depth every committed
-token is distributed as AR's (docs/algorithms.md §12.3), provided the tree was chosen without the
+token is distributed as AR's (docs/algorithms.md §12.4), provided the tree was chosen without the
 verification coins and each node's p is exact, which the tree's attention mask (a node sees the committed
 tokens, its ancestors and itself) makes it.
 
@@ -83,6 +83,28 @@ def walk_tree(
     if not bool(done.all()):
         raise ValueError("walk_tree: the uniforms cover fewer levels than the tree has")
     return TreeWalk(path, n_accepted, next_token, next_p)
+
+
+def sample_and_descend(
+    target: torch.Tensor,
+    candidates: torch.Tensor,
+    candidate_q: torch.Tensor,
+    present: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The node test for deterministic children, in one draw: y ~ target; the child equal to y is accepted,
+    and where none is, the target without the children (renormalised) is left to draw the next token from.
+    Distributed exactly as `recursive_rejection` with one-hot q (EAGLE-2's rule: accept the i-th child x iff
+    u < p_i(x), else remove x): both accept child x with probability p(x) and emit y outside the children with
+    probability p(y). `candidate_q` is not read (a deterministic child's q is one-hot); `uniforms[:, 0]` draws y."""
+    y = sample_from(target, uniforms[:, 0])
+    match = present & (candidates == y[:, None])
+    picked = torch.where(match.any(1), match.long().argmax(1), -1)
+    children = torch.zeros_like(target).scatter_add(1, candidates.clamp(min=0), present.to(target.dtype)) > 0
+    others = target.masked_fill(children, 0.0)
+    mass = others.sum(-1, keepdim=True)
+    left = torch.where(mass > 1e-12, others / mass.clamp_min(1e-30), target)
+    return picked, left
 
 
 def ancestors(parent: torch.Tensor) -> torch.Tensor:

@@ -176,7 +176,7 @@ def recursive_rejection(
     sample of the target left after the last rejection is distributed as the original target.
     - Deterministic candidates (EAGLE-2's top-k children) are tested with a one-hot q_i: accept iff
       u < target(c), on rejection remove c and renormalise, which is exact for any candidate set chosen
-      without the verification coins (docs/algorithms.md §12.3).
+      without the verification coins (docs/algorithms.md §12.4).
     - Candidates drawn from q without replacement (EAGLE-1's children, SJD-PAC's siblings) are tested with
       q_i = q without the earlier candidates, renormalised (`without_replacement_q`).
     Returns the accepted candidate's index (-1: none) and the target left."""

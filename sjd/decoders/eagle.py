@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs
-from sjd.core.tree_verify import TreeWalk, walk_tree
+from sjd.core.tree_verify import TreeWalk, sample_and_descend, walk_tree
 from sjd.core.verify import recursive_rejection, without_replacement_q
 from sjd.decoders.base import DecodeCall, Decoder, DecodeResult, ForwardClock
 from sjd.drafters.checkpoint import check_weights_setting, load_drafter, training_record
@@ -96,18 +96,17 @@ class EagleDecoder(Decoder):
         )
         run.start(clock.prefill_features, tokens[:, 0])
         committed = torch.ones(B, dtype=torch.long, device=device)
-        accepted, n_forward, drafter_forwards = [[1] for _ in range(B)], [1] * B, [run.forwards] * B
+        accepted, n_forward = [[1] for _ in range(B)], [1] * B
 
         while True:
             active = committed < N
             if not bool(active.any()):
                 break
-            before = run.forwards
             tree = self.draft(run, committed - 1, generators)
             clock.lap("draft")
             p, features = self.forward(clock, tokens, committed - 1, tree, active, call)
             clock.lap("pipeline")
-            walk = self.verify(p, tree, generators)
+            walk = self.verify(adapter, p, tree, generators)
             clock.lap("verify")
             took = self.commit(adapter, run, tokens, committed, tree, walk, features, active)
             clock.lap("commit")
@@ -115,10 +114,9 @@ class EagleDecoder(Decoder):
                 if take:
                     accepted[b].append(take)
                     n_forward[b] += 1
-                    drafter_forwards[b] += run.forwards - before
 
         result = clock.finish(tokens, n_forward, accepted)
-        result.extras["drafter_forwards"] = drafter_forwards
+        result.extras["drafter_forwards"] = run.row_forwards.tolist()
         result.extras["window_inputs"] = [(n - 1) * self.total_tokens for n in n_forward]
         return result
 
@@ -155,12 +153,13 @@ class EagleDecoder(Decoder):
         p = logits_to_probs(logits, predicted, layout, call.sampling)
         return p, logits.features.hidden
 
-    def verify(self, p: torch.Tensor, tree: DraftTree, generators) -> TreeWalk:
+    def verify(self, adapter: ModelAdapter, p: torch.Tensor, tree: DraftTree, generators) -> TreeWalk:
         """Descend the tree (sjd.core.tree_verify) with each row's own uniforms."""
         L, K = self.levels(), self.top_k
         u = torch.stack([torch.rand(L * (K + 1), generator=g, device=p.device) for g in generators])
         accept_u, sample_u = u[:, : L * K].view(-1, L, K), u[:, L * K :]
-        return walk_tree(p, tree.tokens, tree.children, self.candidate_q(tree), accept_u, sample_u, self.node_rule())
+        rule = self.node_rule(adapter)
+        return walk_tree(p, tree.tokens, tree.children, self.candidate_q(tree), accept_u, sample_u, rule)
 
     def candidate_q(self, tree: DraftTree):
         """What each child was drawn from: one-hot for top-k children, q without the earlier draws for sampled."""
@@ -175,9 +174,10 @@ class EagleDecoder(Decoder):
 
         return q_of
 
-    def node_rule(self):
-        """The per-node test (recursive rejection sampling; relaxed decoders replace it)."""
-        return recursive_rejection
+    def node_rule(self, adapter: ModelAdapter):
+        """The per-node test on this model: for top-k children EAGLE-2's rule in its one-draw form
+        (`sample_and_descend`), for sampled children recursive rejection sampling; relaxed decoders replace it."""
+        return sample_and_descend if self.children == "top_k" else recursive_rejection
 
     def commit(
         self,

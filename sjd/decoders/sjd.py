@@ -40,7 +40,7 @@ from sjd.core.verify import VerifyResult, block_verify
 from sjd.core.verify import verify as speculative_verify
 from sjd.decoders.base import WINDOW_CAPABILITY, DecodeCall, Decoder, DecodeResult, ForwardClock
 from sjd.models.base import ModelAdapter
-from sjd.types import ImageLayout, Prompt
+from sjd.types import ImageLayout, Logits, Prompt
 
 VERIFICATIONS = ("token", "block")
 
@@ -122,6 +122,7 @@ class SJDDecoder(Decoder):
             result, samples, samples_q = self.verify(p, drafts, q, widths, positions, state, call)
             clock.lap("verify")
             state.commit(result, drafts, samples, p, widths, samples_q)
+            self.after_commit(state, logits, self.committed_slots(inputs.shape[1], B=len(widths), device=device), call)
             clock.lap("commit")
 
         return state.finish(clock)
@@ -143,6 +144,16 @@ class SJDDecoder(Decoder):
 
     def begin(self, state: WindowState, call: WindowCall) -> None:
         """Per-call set-up after the first token (coupled decoders draw their noise tables here)."""
+
+    def after_commit(self, state: WindowState, logits: Logits, slots: torch.Tensor, call: WindowCall) -> None:
+        """After each commit: row b committed the tokens at positions state.previous[b] .. committed[b] - 1, and
+        window slot `slots[b, a]` holds the input before the a-th of them (the target's features there are in
+        `logits.features`). Decoders that draft with a trained drafter continue their drafts here."""
+
+    @staticmethod
+    def committed_slots(width: int, B: int, device: torch.device) -> torch.Tensor:
+        """[B, width]: in an SJD window, slot a holds the input at position committed - 1 + a."""
+        return torch.arange(width, device=device).expand(B, width)
 
     def draft(
         self, state: WindowState, widths: list[int], call: WindowCall
@@ -272,6 +283,7 @@ class WindowState:
     noise: torch.Tensor | None = None  # per-position coupling noise of coupled decoders [B, N, V]
     committed_p: torch.Tensor | None = None  # [B, K, V]: p of the last K committed positions, at pos % K
     inputs: list[int] | None = None  # window inputs forwarded after the prefill (the forwards' compute)
+    drafter_forwards: torch.Tensor | None = None  # [B] a trained drafter's forwards per row (sjd.decoders.drafted)
 
     @classmethod
     def empty(cls, B: int, N: int, V: int, device: torch.device, keep_p: int = 0) -> WindowState:
@@ -332,6 +344,8 @@ class WindowState:
         """The call's result, with each row's window inputs in its extras."""
         result = clock.finish(self.tokens, self.n_forward, self.accepted)
         result.extras["window_inputs"] = list(self.inputs)
+        if self.drafter_forwards is not None:
+            result.extras["drafter_forwards"] = self.drafter_forwards.tolist()
         return result
 
     def end_with_next_token(self, b: int, n: int, n_acc: int, token: torch.Tensor, p: torch.Tensor) -> int:

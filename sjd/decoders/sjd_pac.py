@@ -130,6 +130,7 @@ class SJDPACDecoder(CoupledSJDDecoder):
             verdict = self.verify_tree(state, win, p, call)
             clock.lap("verify")
             self.commit_tree(state, cached, branch_commits, win, verdict, widths)
+            self.after_commit(state, logits, self.tree_committed_slots(win, verdict), call)
             clock.lap("commit")
 
         result = state.finish(clock)
@@ -267,6 +268,23 @@ class SJDPACDecoder(CoupledSJDDecoder):
         # The chain's slots hold the next drafts: lead-in and sibling slots carry nothing.
         spans = [n + 1 if w else 0 for n, w in zip(win.n_drafts.tolist(), widths)]
         state.commit(verdict.result, win.drafts, verdict.samples, verdict.p_chain, spans, verdict.samples_q, end_row)
+
+    @staticmethod
+    def tree_committed_slots(win: TreeWindow, verdict: TreeVerdict) -> torch.Tensor:
+        """[B, C+2]: the slot holding the input before each committed token: the chain's slots up to the first
+        rejection, and after an accepted sibling, the sibling's own slot (its output gave the bonus)."""
+        B, C1 = win.chain_slot.shape
+        device = win.tokens.device
+        slots = torch.cat([win.chain_slot.to(device), win.chain_slot[:, -1:].to(device)], 1)
+        j, picked = verdict.result.n_accepted, verdict.picked
+        K = win.sibling_slot.shape[2] if win.sibling_slot.dim() == 3 else 0
+        if K and win.sibling_slot.shape[1]:
+            rows = torch.arange(B, device=device)
+            k = j.clamp(max=win.sibling_slot.shape[1] - 1)
+            sib = win.sibling_slot.to(device)[rows, k, picked.clamp(min=0)]
+            after = (j + 1).clamp(max=C1)
+            slots[rows, after] = torch.where(picked >= 0, sib, slots[rows, after])
+        return slots
 
     @staticmethod
     def bonus_after_sibling(sib_p: torch.Tensor, win: TreeWindow, slot: torch.Tensor, u: dict) -> torch.Tensor:

@@ -3,22 +3,28 @@
 A drafter directory holds `config.json` (the target's config with `num_hidden_layers: 1`, optionally
 `"bias": false` for an fc without bias, and for LlamaGen drafters LANTERN's `input_type`) and its weights in
 `model.safetensors` or `pytorch_model.bin` (read with `torch.load(weights_only=True)`; no pickled code runs),
-with the key names of sjd.drafters.net. `embed_tokens.weight` may be absent (EAGLE's own loader copies the
-target's embedding, as we do then); LANTERN's files carry it. Our recipe adds `drafter.json` with its training
-record (sjd.drafters.recipe).
+with the key names of sjd.drafters.net. When a directory holds both, `model.safetensors` is read: it runs no
+unpickler at all, and a repository that ships both ships the same tensors twice (LANTERN's own loader tries
+`pytorch_model.bin` first, which matters only if the two differ). `embed_tokens.weight` may be absent (EAGLE's
+own loader copies the target's embedding, as we do then); LANTERN's files carry it. Lumina-mGPT's q/k norms,
+stored one row per model-parallel shard ([shards, head_dim]), are expanded to one row per head on load, as the
+target's are (sjd.models.chameleon). Our recipe adds `drafter.json` with its training record
+(sjd.drafters.recipe).
 
 `decoder.drafter.weights` is such a directory, or `random` / `random:SEED`: an untrained drafter with seeded
 weights and the target's embedding, for models that are random themselves (the micro model) and for tests.
 Exactness never depends on the drafter; only how much it accepts does.
 
 A drafter is checked against the target before it is used: the layer family, hidden size and vocabulary must
-match (the error names the key and both values); the loaded network is kept per (directory, model, device)
-so a run loads it once, however many calls decode with it.
+match, it has one layer, and a LlamaGen drafter's `input_type` names the target's grid (the error names the
+key and both values); the loaded network is kept per (directory, model, device) so a run loads it once,
+however many calls decode with it. The network takes the target's dtype.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import weakref
 from pathlib import Path
 
@@ -28,6 +34,8 @@ from sjd.drafters.net import DrafterConfig, DrafterNet, config_from_architecture
 from sjd.models.base import ModelAdapter
 
 WEIGHTS_KEY = "decoder.drafter.weights"
+# LANTERN's LlamaGen drafters name the target they were trained for by `input_type`: codes per side.
+INPUT_TYPE_GRID = {"c2i": 24, "t2i": 16, "t2i2": 32}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 RECORD_FILE = "drafter.json"
 _LOADED: dict[tuple, tuple[weakref.ref, DrafterNet]] = {}
@@ -68,16 +76,25 @@ def check_weights_setting(weights: str | None, decoder: str, key: str = WEIGHTS_
     if random_seed(str(weights)) is not None:
         return
     path = resolve(str(weights))
+    if not path.is_dir():
+        raise FileNotFoundError(f"decoder {decoder!r}: `{key}`={weights}: no drafter directory at {path.absolute()}")
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"decoder {decoder!r}: no drafter config.json at {path.absolute()} (from `{key}`)")
+        raise FileNotFoundError(f"decoder {decoder!r}: no drafter config.json in {path.absolute()} (from `{key}`)")
     if not any((path / f).is_file() for f in WEIGHT_FILES):
         raise FileNotFoundError(
             f"decoder {decoder!r}: no drafter weights ({' or '.join(WEIGHT_FILES)}) in {path.absolute()} (from `{key}`)"
         )
 
 
-def read_config(path: Path) -> dict:
-    return json.loads((path / "config.json").read_text())
+def read_config(path: Path, key: str = WEIGHTS_KEY) -> dict:
+    f = path / "config.json"
+    try:
+        config = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"`{key}`: cannot read the drafter config {f}: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"`{key}`: the drafter config {f} is not a JSON object")
+    return config
 
 
 def check_against_target(drafter: dict, target: dict, where: str, key: str = WEIGHTS_KEY) -> None:
@@ -91,11 +108,22 @@ def check_against_target(drafter: dict, target: dict, where: str, key: str = WEI
     layers = drafter.get("num_hidden_layers", 1)
     if layers != 1:
         problems.append(f"num_hidden_layers {layers} (a drafter has 1)")
+    input_type = drafter.get("input_type")
+    if input_type is not None and "grid_size" in target:
+        grid = INPUT_TYPE_GRID.get(str(input_type))
+        if grid is None:
+            problems.append(f"input_type {input_type!r} (known: {sorted(INPUT_TYPE_GRID)})")
+        elif grid != int(target["grid_size"]):
+            problems.append(
+                f"input_type {input_type!r}, a {grid}x{grid}-code drafter (the target's grid: "
+                f"{target['grid_size']}x{target['grid_size']})"
+            )
     if problems:
         raise ValueError(f"`{key}`: the drafter at {where} does not fit the target: " + "; ".join(problems))
 
 
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
+def read_weights(path: Path, key: str = WEIGHTS_KEY) -> dict[str, torch.Tensor]:
+    """The state dict of the first of WEIGHT_FILES in `path` (module docstring: why safetensors first)."""
     for name in WEIGHT_FILES:
         f = path / name
         if not f.is_file():
@@ -104,11 +132,43 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
             from safetensors.torch import load_file
 
             return load_file(str(f))
-        state = torch.load(f, map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-            raise ValueError(f"{f}: expected a state dict of tensors")
+        try:
+            state = torch.load(f, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError) as e:  # the restricted unpickler refused it
+            raise ValueError(
+                f"`{key}`: {f} is not a plain state dict of tensors (read with torch.load(weights_only=True), "
+                f"which runs no pickled code): {unpickler_reason(e)}"
+            ) from None
+        bad = [k for k, v in state.items() if not isinstance(v, torch.Tensor)] if isinstance(state, dict) else None
+        if bad is None or bad:
+            what = type(state).__name__ if bad is None else f"non-tensor entries {sorted(map(str, bad))[:5]}"
+            raise ValueError(f"`{key}`: {f} is not a state dict of tensors: it holds {what}")
         return state
-    raise FileNotFoundError(f"no drafter weights ({' or '.join(WEIGHT_FILES)}) in {path}")
+    raise FileNotFoundError(f"`{key}`: no drafter weights ({' or '.join(WEIGHT_FILES)}) in {path}")
+
+
+def unpickler_reason(error: Exception) -> str:
+    """The line of torch's long weights-only message that says what was refused (e.g. the class)."""
+    text = str(error)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        return text.split(marker, 1)[1].strip().split(". ")[0]
+    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+
+
+def per_head_qk_norms(state: dict[str, torch.Tensor], cfg: DrafterConfig, key: str = WEIGHTS_KEY) -> None:
+    """Expand q/k-norm tensors stored per model-parallel shard ([shards, head_dim], Lumina-mGPT's) to one row
+    per head, in place, the way the target's loader does."""
+    norms = [k for k in state if ".q_norm." in k or ".k_norm." in k]
+    if not cfg.qk_norm or not norms:
+        return
+    from sjd.models.chameleon import qk_norm_to_transformers
+
+    for k in norms:
+        try:
+            state[k] = qk_norm_to_transformers(k, state[k], cfg)
+        except ValueError as e:
+            raise ValueError(f"`{key}`: {e}") from None
 
 
 def drafter_config(adapter: ModelAdapter, weights: str) -> DrafterConfig:
@@ -147,6 +207,7 @@ def build(adapter: ModelAdapter, weights: str) -> DrafterNet:
     if seed is None:
         path = resolve(weights)
         state = read_weights(path)
+        per_head_qk_norms(state, cfg)
         if "embed_tokens.weight" not in state:
             state["embed_tokens.weight"] = embedding.cpu()
         expected = net.state_dict()

@@ -47,6 +47,7 @@ class DrafterRun:
         self.scratch = scratch
         self.lap = lap
         self.forwards = 0  # drafter forwards (each one call of the network over every row)
+        self.row_forwards: torch.Tensor | None = None  # [B] the forwards in which each row had a real pair
         self.prompt_len: torch.Tensor | None = None  # [R] prompt slots of each row
         self.h_last: torch.Tensor | None = None  # [R, H] the output after the last committed pair
 
@@ -152,5 +153,7 @@ class DrafterRun:
         with torch.no_grad():
             out = self.net(tokens.clamp(min=0), features, positions.clamp(min=0), self.kv, slots, mask)
         self.forwards += 1
+        real = (positions >= 0).any(1).view(self.copies, self.batch).any(0).long()  # no host sync
+        self.row_forwards = real if self.row_forwards is None else self.row_forwards + real
         self.lap("drafter")
         return out

@@ -11,7 +11,11 @@ The layer is the target family's, as the released drafters build it (docs/algori
 - `llama` (EAGLE's, and LANTERN's for LlamaGen): no input norm before attention, RMSNorm before the MLP;
 - `chameleon` (LANTERN's for Anole and Lumina-mGPT): an input RMSNorm too, and the per-head LayerNorm of
   queries and keys that Chameleon applies before its rotary embedding;
-- `llamagen`: the `llama` layer under LlamaGen's 2-D rotary table, indexed by the embedded token's cell.
+- `llamagen`: the `llama` layer under LlamaGen's 2-D rotary table (adjacent pairs rotated, as the target
+  does), indexed by the embedded token's slot: the pair (f_i, t_{i+1}) gets the target table's entry i + 1,
+  so the pair whose token is image cell g gets cell g's angles. LANTERN's LlamaGen drafter computes the same:
+  it builds the table with one caption slot fewer (119 for the target's 120) and indexes it at i. Slots past
+  the table rotate by zero, as LANTERN pads its table with zero entries.
 
 The state dict uses the released checkpoints' key names (`embed_tokens.weight`, `fc.weight`, `fc.bias`,
 `layers.0.self_attn.q_proj.weight`, ...), so a LANTERN or EAGLE drafter loads into it as it is
@@ -45,6 +49,7 @@ class DrafterConfig:
     rope_theta: float = 10000.0
     fc_bias: bool = True  # EAGLE's `"bias"` config key; on unless a config says false
     attention_bias: bool = False
+    mlp_bias: bool = False
     grid_size: int = 0  # llamagen: codes per side of the 2-D rotary table
     cls_token_num: int = 0  # llamagen: caption slots before the image in the table
 
@@ -55,6 +60,10 @@ class DrafterConfig:
             raise ValueError(
                 f"drafter: hidden_size {self.hidden_size}, {self.num_attention_heads} heads and "
                 f"{self.num_key_value_heads} key-value heads do not fit"
+            )
+        if self.family == "llamagen" and self.grid_size < 1:
+            raise ValueError(
+                f"a llamagen drafter needs the target's grid_size for its 2-D rotary table, got {self.grid_size}"
             )
 
     @property
@@ -99,6 +108,7 @@ def config_from_architecture(arch: dict) -> DrafterConfig:
         rope_theta=float(arch.get("rope_theta") or (arch.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
         fc_bias=bool(arch.get("bias", True)),
         attention_bias=bool(arch.get("attention_bias", False)),
+        mlp_bias=bool(arch.get("mlp_bias", False)),
         grid_size=int(arch.get("grid_size", 0) or 0),
         cls_token_num=int(arch.get("cls_token_num", 0) or 0),
     )
@@ -168,9 +178,10 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        bias = cfg.mlp_bias
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -202,17 +213,26 @@ class DrafterNet(nn.Module):
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
         self.layers = nn.ModuleList([Layer(cfg)])
         hd = cfg.head_dim
+        # Plain attributes, not buffers: they stay float32 whatever dtype the network is cast to.
         self._inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
-        self._table_2d = rope_2d_table(cfg.grid_size, hd, cfg.rope_theta, cfg.cls_token_num) if cfg.grid_size else None
+        self._table_2d = None
+        if cfg.family == "llamagen":
+            table = rope_2d_table(cfg.grid_size, hd, cfg.rope_theta, cfg.cls_token_num)
+            self._table_2d = torch.cat([table, torch.zeros_like(table[:1])])  # the last entry: past the table
 
     def rope(self, positions: torch.Tensor):
         """The rotation of drafter positions [R, W] (the index of f_i): 1-D rotate-half for llama and
         chameleon; LlamaGen's 2-D table at the embedded token's slot i + 1 for llamagen."""
         if self.config.family == "llamagen":
-            table = self._table_2d.to(positions.device)
-            entry = table[(positions + 1).clamp(0, len(table) - 1)]
+            if self._table_2d.device != positions.device:
+                self._table_2d = self._table_2d.to(positions.device)
+            past = len(self._table_2d) - 1
+            slot = positions + 1
+            entry = self._table_2d[torch.where((slot >= 0) & (slot < past), slot, past)]
             return lambda x: apply_rope(x, entry)
-        angles = positions.clamp(min=0).float()[..., None] * self._inv_freq.to(positions.device)
+        if self._inv_freq.device != positions.device:
+            self._inv_freq = self._inv_freq.to(positions.device)
+        angles = positions.clamp(min=0).float()[..., None] * self._inv_freq
         emb = torch.cat([angles, angles], dim=-1)
         cos, sin = emb.cos()[:, :, None, :], emb.sin()[:, :, None, :]
         return lambda x: (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)

@@ -87,10 +87,10 @@ def candidates(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """k candidate ids per distribution q [..., V] and their log q [..., k] (-inf for ids without mass):
     the top-k, or an ordered draw without replacement (Gumbel-top-k with `uniforms` [..., V])."""
-    logq = q.clamp_min(0).log()
     if children == "top_k":
-        score, ids = logq.topk(k, dim=-1)
-        return ids, score
+        top, ids = q.topk(k, dim=-1)  # log is monotone: take the top-k first, the log of k values only
+        return ids, top.clamp_min(0).log()
+    logq = q.clamp_min(0).log()
     gumbel = -(-uniforms.clamp(1e-20, 1 - 1e-7).log()).log()
     perturbed, ids = (logq + gumbel).topk(k, dim=-1)
     score = logq.gather(-1, ids)
@@ -112,6 +112,17 @@ def grow(
     if shape == "dynamic":
         return DynamicTree(run, root_pos, depth, top_k, total_tokens, children, generators).build()
     return StaticTree(run, root_pos, check_static_shape(shape), top_k, children, generators).build()
+
+
+def draw_chain(run: DrafterRun, root_pos: torch.Tensor, length: int, generators) -> tuple[torch.Tensor, torch.Tensor]:
+    """A drafted continuation of every row after its root: `length` tokens, each a sample of the drafter's q
+    given the ones before it (drawn with the row's own uniforms), and those q. Returns drafts [B, length] and
+    q [B, length, V]; past the image's end a draft is 0 with q = 0."""
+    paths = [[0] * (i + 1) for i in range(length)]
+    tree = StaticTree(run, root_pos, paths, 1, "sampled", generators).build()
+    present = tree.present[:, 1:]
+    q = tree.node_q[:, :-1] * present[..., None]
+    return torch.where(present, tree.tokens[:, 1:], 0), q
 
 
 class TreeGrowth:

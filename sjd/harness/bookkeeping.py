@@ -8,8 +8,9 @@ stand-in's forward on a CPU. This module measures that work, in the units that c
 per forward, and its ratio to SJD's at the same window and batch.
 
 Every decoder of conf/decoder/*.yaml is built from its config with Hydra's instantiate, as the runner
-builds it (a decoder whose config has a `window` key gets each window; the others are run once per
-batch and that measurement stands in every window's row, with `windowed` false); a decoder whose
+builds it (a decoder whose config has a `window` key, or a dynamic draft tree's `total_tokens`, gets each
+window; the others are run once per batch and that measurement stands in every window's row, with `windowed`
+false); a drafter decoder on a model without a shipped drafter is skipped with a message; a decoder whose
 `requires` the model lacks is skipped with a message. Decoders take turns per batch of prompts in an
 order that alternates from round to round, as the runner alternates them. Timing is one torch thread,
 and by default the decoders' clocks read the calling thread's CPU time (`time.thread_time`) instead of
@@ -74,24 +75,49 @@ def decoder_configs(names: Sequence[str] | None = None) -> dict[str, DictConfig]
     return {n: OmegaConf.load(found[n]) for n in (names or found)}
 
 
-def build_model(model: str, device: str = "cpu") -> tuple[ModelAdapter, SamplingConfig]:
-    """The adapter and sampling settings of conf/model/<model>.yaml, built as the runner builds them."""
+def model_config(model: str) -> DictConfig:
     path = CONF / "model" / f"{model}.yaml"
     if not path.is_file():
         raise ValueError(f"--model {model!r}: no {path}")
-    cfg = OmegaConf.load(path)
+    return OmegaConf.load(path)
+
+
+def build_model(model: str, device: str = "cpu") -> tuple[ModelAdapter, SamplingConfig]:
+    """The adapter and sampling settings of conf/model/<model>.yaml, built as the runner builds them."""
+    cfg = model_config(model)
     return instantiate(cfg.adapter, device=device), SamplingConfig(**OmegaConf.to_container(cfg.sampling))
 
 
+def width_key(cfg: DictConfig) -> str | None:
+    """The setting that sets a decoder's forward width: `window`, or a dynamic draft tree's `total_tokens`."""
+    if "window" in cfg:
+        return "window"
+    if "total_tokens" in cfg and cfg.get("tree") == "dynamic":
+        return "total_tokens"
+    return None
+
+
 def entrants(
-    configs: dict[str, DictConfig], adapter: ModelAdapter, windows: Sequence[int], say: Callable[[str], None] = print
+    configs: dict[str, DictConfig],
+    adapter: ModelAdapter,
+    windows: Sequence[int],
+    say: Callable[[str], None] = print,
+    model: DictConfig | None = None,
 ) -> list[Entrant]:
-    """Every decoder the model can run, at each window where its config has one; the others are named."""
+    """Every decoder the model can run, at each window where its config has one (a dynamic draft tree's
+    `total_tokens` counts as its window); the others are named. Configs resolve against the `model` config,
+    as in a run (a drafter decoder takes the model's shipped drafter)."""
     out = []
-    for name, cfg in configs.items():
-        sizes = list(windows) if "window" in cfg else [None]
+    for name, raw in configs.items():
+        run = OmegaConf.create({"decoder": raw, "model": model if model is not None else {}})
+        cfg = OmegaConf.create(OmegaConf.to_container(run.decoder, resolve=True))
+        key = width_key(cfg)
+        sizes = list(windows) if key else [None]
+        if cfg.get("drafter") is not None and cfg.drafter.get("weights") is None:
+            say(f"skipped {name}: {adapter.name!r} has no shipped drafter (model.drafter)")
+            continue
         for window in sizes:
-            decoder = instantiate(OmegaConf.merge(cfg, {"window": window}) if window is not None else cfg)
+            decoder = instantiate(OmegaConf.merge(cfg, {key: window}) if window is not None else cfg)
             missing = sorted(decoder.requires - adapter.capabilities)
             if missing:
                 say(f"skipped {name}: needs model capabilities {missing}, which {adapter.name!r} lacks")
@@ -163,7 +189,7 @@ def measure(
         if not values or min(values) < 1:
             raise ValueError(f"{flag} must be integers >= 1, got {list(values)}")
     adapter, sampling = build_model(model)
-    field = entrants(decoder_configs(decoders), adapter, windows, say)
+    field = entrants(decoder_configs(decoders), adapter, windows, say, model_config(model))
     if not any(e.name == "sjd" for e in field):
         raise ValueError("the ratios are to SJD's: include sjd in --decoders")
     threads = torch.get_num_threads()

@@ -150,9 +150,11 @@ def load_prompt_set(
     sha256: str | None = None,
     delimiter: str | None = None,
     quoting: str = "csv",
+    skip: int = 0,
 ) -> PromptSet:
-    """The first `n` prompts, or a seeded random subset of `n` when `subset_seed` is set.
-    With `sha256` set, a file whose hash differs is refused (the set is not what it claims)."""
+    """The first `n` prompts, or a seeded random subset of `n` when `subset_seed` is set, of the file's prompts
+    after its first `skip` (a run on prompts disjoint from another's). With `sha256` set, a file whose hash
+    differs is refused (the set is not what it claims)."""
     resolved = resolve_path(path)
     digest = file_sha256(resolved) if resolved.is_file() else None
     if sha256 and digest and digest != sha256:
@@ -161,6 +163,9 @@ def load_prompt_set(
             "the config, or use prompts=file for a file of your own"
         )
     prompts = load_prompt_file(resolved, delimiter, quoting)
+    if skip < 0 or skip >= len(prompts):
+        raise ValueError(f"prompts.skip must be in [0, {len(prompts)}), got {skip}")
+    prompts = prompts[skip:]
     total = len(prompts)
     if n is not None and n < 1:
         raise ValueError(f"prompts.n must be >= 1 or null, got {n}")
@@ -171,4 +176,6 @@ def load_prompt_set(
     else:
         idx = sorted(random.Random(subset_seed).sample(range(total), n))
         chosen, selection = [prompts[i] for i in idx], f"{n} of {total}, seed {subset_seed}"
+    if skip:
+        selection += f", after the first {skip}"
     return PromptSet(name, resolved, digest or file_sha256(resolved), total, chosen, selection)

@@ -46,6 +46,8 @@ SUMMARY_COLUMNS = [
     "outside_model_frac",
     "forward_cost",
     "efficiency",
+    "drafter_forwards",
+    "drafter_cost",
     *STAGE_COLUMNS,
     "mean_accepted",
     "accept_hist",
@@ -134,6 +136,20 @@ def inputs_per_token(df: pd.DataFrame) -> float:
     if any(i is None for i in inputs):
         return float("nan")
     return float(sum(inputs) / df["n_tokens"].sum())
+
+
+def drafter_costs(df: pd.DataFrame) -> dict[str, float]:
+    """A trained drafter's work, where the decoder has one (NaN elsewhere): its forwards per image
+    (`drafter_forwards`, beside the target's `n_forward`) and its time per forward over the target's model time
+    per forward in the same samples (`drafter_cost`; drafter time is the `drafter` stage: its network, the
+    target's head on its features and the pipeline that makes q)."""
+    counts = [e.get("drafter_forwards") if isinstance(e, dict) else None for e in df.get("extras", [])]
+    if not len(counts) or any(c is None for c in counts):
+        return {"drafter_forwards": float("nan"), "drafter_cost": float("nan")}
+    drafter_s = sum(split.get("drafter", 0.0) for split in df["stage_s"]) if "stage_s" in df else float("nan")
+    per_drafter = drafter_s / max(sum(counts), 1)
+    per_target = float(df["model_s"].sum() / df["n_forward"].sum())
+    return {"drafter_forwards": float(sum(counts) / len(counts)), "drafter_cost": per_drafter / per_target}
 
 
 def row_extras(extras: dict[str, Any], row: int, batch: int) -> dict[str, Any]:
@@ -289,6 +305,7 @@ def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.Dat
                 "n_forward": float(df["n_forward"].mean()),
                 "step_compression": float(df["n_tokens"].sum() / df["n_forward"].sum()),
                 "inputs_per_token": inputs_per_token(df),
+                **drafter_costs(df),
                 "latency_s": float(df["latency_s"].mean()),
                 "prefill_s": float(df["prefill_s"].mean()),
                 "decode_s": float(df["decode_s"].mean()),

@@ -54,6 +54,11 @@ SHOWN_RATIOS = (
 )
 
 
+def forward_width(config: dict) -> int:
+    """A decoder's forward width: its `window`, or a draft tree's `total_tokens` (root and nodes)."""
+    return int(config["window"] if "window" in config else config["total_tokens"])
+
+
 def powered_audit(powered: pd.DataFrame | None, model: str, sampling, decoder: str, config: dict) -> dict | None:
     """The latest powered-audit row of `decoder` with exactly these settings on this model and sampling, or None."""
     if powered is None or powered.empty:
@@ -72,7 +77,7 @@ def candidate_rows(rows: pd.DataFrame, powered: pd.DataFrame | None = None) -> p
     configs = json.loads(rows["decoder_configs"].iloc[0])
     lossless = json.loads(rows["decoder_lossless"].iloc[0])
     keep = rows[[d not in REFERENCES and bool(lossless.get(d)) for d in rows["decoder"]]].copy()
-    keep["window"] = [int(configs[d]["window"]) for d in keep["decoder"]]
+    keep["window"] = [forward_width(configs[d]) for d in keep["decoder"]]
     keep["lossless"] = True
     keep["audited_lossless"] = [regime.audited_lossless_flag(r) for r in keep.to_dict("records")]
     sampling = rows["sampling"].iloc[0] if "sampling" in rows else None

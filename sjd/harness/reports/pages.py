@@ -10,10 +10,11 @@ index of the pages, and the headline table of README.md (between its `<!-- headl
 `<!-- headline:end -->` markers): the part of one study page named by HEADLINE. Figures
 (`study.figure`): window (step compression and speedup against the window), quality (FID and CLIP
 against speedup), pareto (speedup against audit distance and FID), accept_hist (tokens committed per
-forward, one panel per decoder). Three study kinds close their page with one section for all their
+forward, one panel per decoder). Four study kinds close their page with one section for all their
 commands instead: `regime` (sjd.harness.reports.regime_page), `calibration` (the published-ratio
-anchors of each stand-in tried, sjd.harness.reports.calibration_page) and `goal` (the lossless
-candidates against official SJD and SJD-PAC, sjd.harness.reports.goal_page).
+anchors of each stand-in tried, sjd.harness.reports.calibration_page), `goal` (the lossless
+candidates against official SJD and SJD-PAC, sjd.harness.reports.goal_page) and `drafters` (the
+trained-drafter decoders, sjd.harness.reports.drafters_page).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import pandas as pd
 
 from sjd.harness import plots
 from sjd.harness.reports.calibration_page import calibration_section
+from sjd.harness.reports.drafters_page import drafters_section
 from sjd.harness.reports.goal_page import POWERED_PAGE, goal_section
 from sjd.harness.reports.regime_page import PUBLISHED, regime_section
 from sjd.harness.reports.studies import FIGURES, Study, load_studies
 from sjd.harness.reports.tables import INTERVAL_LEGEND, describe_run, key_table, latest_run, markdown
 
 GENERATOR = "python scripts/results_pages.py"
+SECTION_KINDS = ("regime", "calibration", "goal", "drafters")  # studies that close their page with one section
 # README's headline: (page, command) of the study part it shows.
 HEADLINE = ("toy_schedule", "python run.py experiment=toy_schedule decoder.window=16")
 HEADLINE_MARKERS = ("<!-- headline:begin -->", "<!-- headline:end -->")
@@ -57,7 +60,7 @@ def command_part(page: str, study: Study, i: int, rows: pd.DataFrame, out_dir: P
         return ["Not run yet: no rows in the CSV.", ""]
     rows = latest_run(rows)
     lines = [describe_run(rows), "", markdown(key_table(rows, study.figure)), ""]
-    if study.figure and study.figure not in ("regime", "calibration", "goal"):  # one section for the whole page
+    if study.figure and study.figure not in SECTION_KINDS:  # one section for the whole page
         lacking = [c for c in FIGURES[study.figure] if c not in rows or rows[c].isna().all()]
         if lacking:
             return [*lines, f"No {study.figure} figure: these rows have no {', '.join(lacking)}.", ""]
@@ -104,6 +107,9 @@ def render_page(
     goals = [c for s in studies if s.figure == "goal" for c in s.commands]
     if goals:
         lines += goal_section(results, goals, pd.read_csv(PUBLISHED), powered)
+    drafters = [c for s in studies if s.figure == "drafters" for c in s.commands]
+    if drafters:
+        lines += drafters_section(results, drafters, pd.read_csv(PUBLISHED))
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ FIGURES = {  # figure -> the columns its rows need
     "regime": ("step_compression", "entropy_nats"),
     "calibration": ("step_compression", "entropy_nats"),  # a table, not a figure (calibration_page.py)
     "goal": ("step_compression", "vs_sjd_official"),  # a table, not a figure (goal_page.py)
+    "drafters": ("step_compression", "vs_sjd_official"),  # a table, not a figure (drafters_page.py)
 }
 
 
