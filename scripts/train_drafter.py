@@ -56,6 +56,7 @@ PROMPTS = ROOT / "sjd" / "assets" / "prompts"
 # 32, which the runs on them evaluate (prompts.n up to 32), and draw the rest with other generators.
 HELD_OUT = {"toy_scenes": (PROMPTS / "toy.tsv", None), "standin_themes": (PROMPTS / "standin.tsv", 32),
             "micro": (None, None)}  # fmt: skip
+SPACES = tuple(HELD_OUT)
 TOY_CAPTION_SEED = 20260601  # neither the toy's training seeds nor its prompt file's
 
 
@@ -83,6 +84,16 @@ def validate_arguments(args: dict) -> None:
             raise ValueError(f"{key} must be an integer >= {low}, got {value!r}")
     if probe["images"] > data["n_images"]:
         raise ValueError(f"probe.images={probe['images']} exceeds data.n_images={data['n_images']}")
+    for key in ("captions", "held_out"):
+        value = data[key]
+        if value not in (None, "auto", *SPACES) and not resolve_prompts(value).is_file():
+            raise FileNotFoundError(f"data.{key}={value!r}: neither a caption space {SPACES} nor a prompt file")
+
+
+def resolve_prompts(path: str) -> Path:
+    from sjd.harness.prompts import resolve_path
+
+    return resolve_path(path)
 
 
 def sampling_of(args: dict):
@@ -259,6 +270,12 @@ def load_target(args: dict, device: str):
     return adapter
 
 
+def drafter_architecture(adapter) -> dict:
+    """The target's config for the drafter's config.json (the released layout): without a stand-in's training
+    record, which describes how the target was made, not what the drafter's layer is."""
+    return {k: v for k, v in adapter.architecture().items() if k != "standin"}
+
+
 def pick_device(name: str) -> str:
     from sjd.harness.runner import pick_device as pick
 
@@ -316,25 +333,25 @@ def build(cfg: DictConfig, overrides: list[str]) -> dict:
             "seconds": round(data_seconds),
             "cached_parts_reused": reused,
             **captions,
-        },  # fmt: skip
+        },
         "training": {
             "steps": history[-1]["step"],
             "seconds": history[-1]["seconds"],
             "final": history[-1],
             "log": history,
-        },  # fmt: skip
+        },
         "probe": {
             "images": args["probe"]["images"],
             "steps": args["probe"]["steps"],
             "fingerprint": fingerprint,
             "tolerance": FINGERPRINT_TOLERANCE,
-        },  # fmt: skip
+        },
         "measured": measured,
         "device": device,
         "git_hash": git_hash(),
         "versions": versions(),
     }
-    save_drafter(net.cpu(), out, adapter.architecture(), record)
+    save_drafter(net.cpu(), out, drafter_architecture(adapter), record)
     drop_frozen(out)
     record["weights_sha"] = file_sha256(out / WEIGHTS_FILE)
     write_record(out, record)
@@ -461,32 +478,28 @@ def _flat_differences(ours: dict, theirs: dict, prefix: str = "") -> list[str]:
 
 
 def check_retrain(directory: Path) -> list[Finding]:
-    """Retrain from the recorded command into a temporary directory and compare the weights bit for bit."""
+    """Retrain from the recorded command into a temporary directory, regenerating the data (no cache), and compare
+    the data hash and the weights with the record's, bit for bit."""
     from safetensors.torch import load_file
 
     record = read_record(directory)
     if record is None or "overrides" not in record:
         return [Finding(False, "record", f"{directory} has no drafter.json with its command")]
+    ours = [o for o in record["overrides"] if not o.startswith(("out=", "data.cache=", "progress="))]
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = compose([*(o for o in record["overrides"] if not o.startswith("out=")), f"out={tmp}/drafter",
-                       "progress=false"])  # fmt: skip
-        build(cfg, record["overrides"])
-        ours, theirs = load_file(f"{tmp}/drafter/{WEIGHTS_FILE}"), load_file(str(directory / WEIGHTS_FILE))
-        data_sha = read_record(Path(tmp) / "drafter")["data_sha"]
-    same = ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+        built = build(compose([*ours, f"out={tmp}/drafter", "data.cache=null", "progress=false"]), record["overrides"])
+        weights = load_file(f"{tmp}/drafter/{WEIGHTS_FILE}"), load_file(str(directory / WEIGHTS_FILE))
+    same = weights[0].keys() == weights[1].keys() and all(torch.equal(v, weights[1][k]) for k, v in weights[0].items())
+    data = (
+        f"the retrain's data, regenerated, hash to {built['data_sha']}; the record's data_sha is {record['data_sha']}"
+    )
+    said = "equal the recorded ones bit for bit" if same else "differ from the recorded ones"
     return [
-        Finding(
-            data_sha == record["data_sha"],
-            "data",
-            f"the retrain's data hash to {data_sha}; the record says {record['data_sha']}",
-        ),  # fmt: skip
+        Finding(built["data_sha"] == record["data_sha"], "data", data),
         Finding(
             same,
             "weights",
-            "the retrain's weights equal the shipped ones bit for bit"
-            if same
-            else "the retrain's weights differ from the shipped ones (on another CPU kind or thread count, rounding "
-            "alone does this)",
+            f"the retrain's weights {said} (on another CPU kind or thread count, rounding alone makes them differ)",
         ),  # fmt: skip
     ]
 

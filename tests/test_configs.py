@@ -160,6 +160,9 @@ SHARED_NAMES = [
     ("beyond_sjd_pac_sized", "beyond_sjd_pac", []),
     ("regime_variants", "regime_map", ["decoder.window=16"]),
     ("regime_variants", "regime_map", ["decoder.window=64"]),
+    ("regime_drafters", "regime_map", ["decoder.window=16", "model=toy", "prompts=toy"]),
+    ("regime_drafters", "regime_map", ["decoder.window=64", "model=standin_lumina_512_cal"]),
+    ("drafters", "beyond_sjd_pac", []),
 ]
 
 

@@ -190,7 +190,8 @@ def test_a_killed_run_resumes_to_the_same_weights_bit_for_bit(micro, tmp_path):
 def test_a_tiny_recipe_run_trains_saves_loads_and_decodes(script, micro, tmp_path, compose_cfg):
     """The whole recipe on the micro model: captions, AR samples, features, training, the probe, the record;
     the directory loads through `decoder.drafter.weights` (its embedding the target's) and EagleDecoder decodes
-    with it; --check-recipe passes, then fails where a file or the record was changed."""
+    with it; --check-retrain reproduces it bit for bit; --check-recipe passes, then fails where a file or the
+    record was changed."""
     out = tmp_path / "drafter"
     overrides = [f"out={out}", "model=micro", "data.n_images=6", "data.batch_size=3", "train.epochs=2",
                  f"data.cache={tmp_path / 'cache'}", "progress=false", "measure_images=2"]  # fmt: skip
@@ -214,6 +215,7 @@ def test_a_tiny_recipe_run_trains_saves_loads_and_decodes(script, micro, tmp_pat
     assert [(f.what, f.ok) for f in findings] == [(w, True) for w in ("weights", "arguments", "command", "target",
                                                                       "probe")]  # fmt: skip
     assert any("full retrain" in item for item in not_checked)
+    assert [(f.what, f.ok) for f in script.check_retrain(out)] == [("data", True), ("weights", True)]
 
     changed = {**record, "recipe": json.loads(json.dumps(record["recipe"]))}
     changed["recipe"]["train"]["lr"] *= 1.5  # another recipe claimed, its hash made to match
