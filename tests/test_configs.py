@@ -163,6 +163,7 @@ SHARED_NAMES = [
     ("regime_drafters", "regime_map", ["decoder.window=16", "model=toy", "prompts=toy"]),
     ("regime_drafters", "regime_map", ["decoder.window=64", "model=standin_lumina_512_cal"]),
     ("drafters", "beyond_sjd_pac", []),
+    ("drafters_confirm", "drafters", []),
 ]
 
 

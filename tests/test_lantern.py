@@ -200,11 +200,20 @@ def decode(decoder, adapter, sampling, prompts):
     return decoder.generate(adapter, prompts, sampling, make_generators(0, [p.prompt_id for p in prompts], "cpu"))
 
 
+class EagleByRecursiveRejection(EagleDecoder):
+    """`eagle` with its rule in recursive-rejection form (one-hot q a child): the coins LANTERN's rule draws.
+    `eagle` itself draws once a node (sample_and_descend), the same distribution with other coins."""
+
+    def node_rule(self, adapter):
+        return recursive_rejection
+
+
 def test_with_no_neighbour_budget_lantern_is_eagle_and_lantern_pp_is_eagle_sampled():
     micro, sampling = micro_and_sampling()
     prompts = [Prompt(f"m{i}", "ab"[i % 2]) for i in range(60)]
     pairs = [
-        (LanternDecoder(drafter=RANDOM, neighbours=0), EagleDecoder(drafter=RANDOM, depth=4, total_tokens=59)),
+        (LanternDecoder(drafter=RANDOM, neighbours=0),
+         EagleByRecursiveRejection(drafter=RANDOM, depth=4, total_tokens=59)),
         (LanternPPDecoder(drafter=RANDOM, neighbours=0),
          EagleDecoder(drafter=RANDOM, tree="naive_extend_57", total_tokens=58, children="sampled")),
     ]  # fmt: skip

@@ -106,6 +106,9 @@ class RatioRuleOnTopK(EagleDecoder):
     def node_rule(self, adapter):
         return recursive_rejection
 
+    def keeps_node_q(self) -> bool:
+        return True
+
 
 CONTROLS = {
     "resample_from_p": ResampleFromP,

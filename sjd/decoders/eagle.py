@@ -135,7 +135,12 @@ class EagleDecoder(Decoder):
 
     def draft(self, run: DrafterRun, root_pos: torch.Tensor, generators) -> DraftTree:
         """The draft tree of every row under its root (the last committed token)."""
-        return grow(run, root_pos, self.tree, self.depth, self.top_k, self.total_tokens, self.children, generators)
+        return grow(run, root_pos, self.tree, self.depth, self.top_k, self.total_tokens, self.children, generators,
+                    self.keeps_node_q())  # fmt: skip
+
+    def keeps_node_q(self) -> bool:
+        """Whether verification reads the q each node's children were drawn from (sampled children do)."""
+        return self.children == "sampled"
 
     def forward(
         self, clock: ForwardClock, tokens: torch.Tensor, root_pos: torch.Tensor, tree: DraftTree, active, call
@@ -164,7 +169,7 @@ class EagleDecoder(Decoder):
     def candidate_q(self, tree: DraftTree):
         """What each child was drawn from: one-hot for top-k children, q without the earlier draws for sampled."""
         rows = torch.arange(tree.tokens.shape[0], device=tree.tokens.device)
-        V = tree.node_q.shape[-1]
+        V = tree.vocab_size
 
         def q_of(node: torch.Tensor, kids: torch.Tensor) -> torch.Tensor:
             ids = tree.tokens[rows[:, None], kids.clamp(min=0)]

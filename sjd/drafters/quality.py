@@ -7,7 +7,9 @@ accepts one of a node's deterministic children with probability p(children), so
 
 - `accept_k`: the mean of p(top-k ids of q): the acceptance at a tree's first level with k children (k = 1: a
   chain's; k = 10: EAGLE-2's default top_k);
-- `ceiling_k`: the mean of p(top-k ids of p): what a perfect drafter gets there, a property of the target alone.
+- `ceiling_k`: the mean of p(top-k ids of p): what a perfect drafter gets there, a property of the target alone;
+- `overlap`: the mean of sum_x min(p(x), q(x)) = 1 - TV(p, q): the acceptance of one child drawn from q and
+  tested by speculative sampling (EAGLE-1's rule, `eagle_sampled`), whose ceiling is 1 whatever p's entropy.
 
 Deeper levels read the drafter's own predicted features and accept less; a decoding run (decoder=eagle) measures
 the whole tree. The ceiling says how much any drafter can gain on a target: little on a high-entropy one.
@@ -31,13 +33,14 @@ from sjd.types import Logits
 def first_level_acceptance(
     net: DrafterNet, head, adapter: ModelAdapter, data: DrafterData, sampling: SamplingConfig, ks=(1, 10)
 ) -> dict:
-    """{"accept_k", "ceiling_k" for k in `ks`, "positions"} over the free generated positions of `data`'s images
-    (module docstring); `head` maps hidden states [M, H] to raw logits [M, V] (sjd.drafters.training.target_head)."""
+    """{"accept_k", "ceiling_k" for k in `ks`, "overlap", "positions"} over the free generated positions of
+    `data`'s images (module docstring); `head` maps hidden states [M, H] to raw logits [M, V]
+    (sjd.drafters.training.target_head)."""
     layout = adapter.layout
     quiet = replace(TrainSettings(), noise_std=0.0)
     device = next(net.parameters()).device
     net.eval()
-    sums = {f"{what}_{k}": 0.0 for k in ks for what in ("accept", "ceiling")}
+    sums = {f"{what}_{k}": 0.0 for k in ks for what in ("accept", "ceiling")} | {"overlap": 0.0}
     count = 0
     for rows in data.images:
         batch = collate(rows, 0, quiet, device)
@@ -53,6 +56,7 @@ def first_level_acceptance(
         for k in ks:
             sums[f"accept_{k}"] += float(p.gather(1, q.topk(k, -1).indices).sum())
             sums[f"ceiling_{k}"] += float(p.topk(k, -1).values.sum())
+        sums["overlap"] += float(torch.minimum(p, q).sum())
         count += len(p)
     return {**{key: total / max(count, 1) for key, total in sums.items()}, "positions": count}
 

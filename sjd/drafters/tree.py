@@ -59,7 +59,9 @@ class DraftTree:
     depth: torch.Tensor  # [B, N], 0 at the root
     present: torch.Tensor  # [B, N] bool
     children: torch.Tensor  # [B, N, K] node indices in test (draw) order, -1 = none
-    node_q: torch.Tensor  # [B, N, V] q at each node that has children (what they were drawn from), else 0
+    node_q: torch.Tensor | None  # [B, N, V] q at each node that has children (what they were drawn from), else 0;
+    # None where the tree was grown without keeping them (deterministic children are tested with q = 1)
+    vocab_size: int = 0
 
     @property
     def mask(self) -> torch.Tensor:
@@ -106,12 +108,17 @@ def grow(
     total_tokens: int,
     children: str,
     generators,
+    keep_q: bool = True,
 ) -> DraftTree:
     """The draft tree after the drafter's catch-up (its `h_last` predicts the position after the root, at
-    generated position `root_pos` [B]); a row with root_pos >= n_tokens - 1 gets an empty tree."""
+    generated position `root_pos` [B]); a row with root_pos >= n_tokens - 1 gets an empty tree. `keep_q`:
+    keep the q at every expanded node (`node_q`, [B, N, V]), which only tests of drawn children read."""
     if shape == "dynamic":
-        return DynamicTree(run, root_pos, depth, top_k, total_tokens, children, generators).build()
-    return StaticTree(run, root_pos, check_static_shape(shape), top_k, children, generators).build()
+        growth = DynamicTree(run, root_pos, depth, top_k, total_tokens, children, generators)
+    else:
+        growth = StaticTree(run, root_pos, check_static_shape(shape), top_k, children, generators)
+    growth.keep_q = keep_q
+    return growth.build()
 
 
 def draw_chain(run: DrafterRun, root_pos: torch.Tensor, length: int, generators) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,6 +139,7 @@ class TreeGrowth:
         self.run, self.root_pos, self.k, self.children, self.generators = run, root_pos, top_k, children, generators
         self.B, self.V, self.N = len(root_pos), run.layout.vocab_size, run.layout.n_tokens
         self.device = root_pos.device
+        self.keep_q = True
 
     def draw(self, q: torch.Tensor, gen_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Candidates [B, F, k] for q [B, F, V] at generated `gen_pos` [B, F]; -inf past the image."""
@@ -159,10 +167,12 @@ class TreeGrowth:
         has = present & (parent >= 0) & (rank < K)
         b_idx, i_idx = has.nonzero(as_tuple=True)
         children[b_idx, parent[b_idx, i_idx], rank[b_idx, i_idx]] = i_idx
-        node_q = torch.zeros(B, n, self.V, device=self.device)
-        for node, q in q_at.items():  # node index tensor [B] -> q [B, V]
-            node_q[torch.arange(B, device=self.device), node] = q
-        return DraftTree(tokens, torch.where(present, parent, -1), depth, present, children, node_q)
+        node_q = None
+        if self.keep_q:
+            node_q = torch.zeros(B, n, self.V, device=self.device)
+            for node, q in q_at.items():  # node index tensor [B] -> q [B, V]
+                node_q[torch.arange(B, device=self.device), node] = q
+        return DraftTree(tokens, torch.where(present, parent, -1), depth, present, children, node_q, self.V)
 
 
 class DynamicTree(TreeGrowth):
@@ -241,7 +251,11 @@ class DynamicTree(TreeGrowth):
             for f in range(front.shape[1]):
                 node = new_index.gather(1, front[:, f : f + 1])[:, 0]
                 q_at[torch.where(node >= 0, node, n)] = q[:, f]  # a dropped node writes the spare row
+        keep, self.keep_q = self.keep_q, False
         tree = self.finish(tokens, parent, depth, present, {})
+        self.keep_q = keep
+        if not keep:
+            return tree
         node_q = torch.zeros(B, n + 1, self.V, device=device)
         rows = torch.arange(B, device=device)
         for node, q in q_at.items():

@@ -28,6 +28,7 @@ from sjd.harness import regime
 from sjd.harness.reports.calibration_page import OURS, published_anchors, run_anchors
 from sjd.harness.reports.goal_page import (
     PAC_REFERENCE,
+    POWERED_PAGE,
     SJD_REFERENCE,
     TARGET_W64,
     audit_text,
@@ -120,14 +121,16 @@ def goal_lines(candidates: pd.DataFrame, confirmations: list[pd.DataFrame]) -> l
             f"{verdict_of(again, column, TARGET_W64)}."]  # fmt: skip
 
 
-def run_part(rows: pd.DataFrame, published: pd.DataFrame, confirmations: list[pd.DataFrame]) -> list[str]:
+def run_part(
+    rows: pd.DataFrame, published: pd.DataFrame, confirmations: list[pd.DataFrame], powered: pd.DataFrame | None
+) -> list[str]:
     anchors = run_anchors(rows, published_anchors(published))
     fractions = ", ".join(f"{name} {anchors[name][3]:.2f}" for name in OURS)
     calibrated = "reproduces" if anchors["calibrated"] else "does NOT reproduce"
     lines = [f"### `{anchors['model']}`: {anchors['command']}", "",
              f"This run's stand-in {calibrated} the published self-drafting ratios within 15% by their point "
              f"estimates (of published: {fractions}; intervals on the calibration page).", ""]  # fmt: skip
-    candidates = candidate_rows(rows)
+    candidates = candidate_rows(rows, powered)
     units = rows["n_captions"].iloc[0] if "n_captions" in rows else np.nan
     forwards, cost = cost_cells(candidates)
     table = pd.DataFrame(
@@ -141,6 +144,10 @@ def run_part(rows: pd.DataFrame, published: pd.DataFrame, confirmations: list[pd
             "drafter cost per forward": cost,
             "one-code commits": [cell(single_code_share(h), ".0%") for h in candidates.get("accept_hist", [])],
             "one-sample p": [cell(p, ".3g") for p in candidates.get("tf_p", pd.Series(np.nan, candidates.index))],
+            "powered audit p (tokens)": [
+                f"{p:.3g} ({int(n)})" if np.isfinite(p) else "-"
+                for p, n in zip(candidates["powered_p"], candidates["powered_tokens"])
+            ],
             "audited_lossless": [regime.flag_text(v) for v in candidates["audited_lossless"]],
         }
     )
@@ -151,8 +158,11 @@ def run_part(rows: pd.DataFrame, published: pd.DataFrame, confirmations: list[pd
     return [*lines, ""]
 
 
-def drafters_section(results: pd.DataFrame, commands: list[str], published: pd.DataFrame) -> list[str]:
-    """Per listed command's latest run (the confirming runs among them are read only as confirmations)."""
+def drafters_section(
+    results: pd.DataFrame, commands: list[str], published: pd.DataFrame, powered: pd.DataFrame | None = None
+) -> list[str]:
+    """Per listed command's latest run (the confirming runs among them are read only as confirmations);
+    `powered` holds the audits with power (the goal page's), which decide a candidate's `audited_lossless`."""
     runs = latest_runs(results, commands)
     if not runs:
         return ["No drafter runs yet: no listed command has rows.", ""]
@@ -167,11 +177,13 @@ def drafters_section(results: pd.DataFrame, commands: list[str], published: pd.D
         f"cost per forward` is the drafter's time per forward over the target's model time per forward, in "
         f"this run, on this machine: on a tiny stand-in the target's LM head dominates both, so the ratio is "
         f"far higher than on a 7B model. A candidate counts when its one-sample audit passes and AR's control "
-        f"passes; {regime.AUDITED_TEXT}",
+        f"passes; {regime.AUDITED_TEXT} `powered audit p` is the latest audit with power of the same decoder and "
+        f"settings on the same model (page [{POWERED_PAGE}]({POWERED_PAGE}.md)); where there is one its verdict "
+        "decides `audited_lossless`.",
         "",
     ]
     for rows in runs:
         if any(rows is c for c in confirmations):
             continue
-        lines += run_part(rows, published, confirmations)
+        lines += run_part(rows, published, confirmations, powered)
     return lines

@@ -109,7 +109,7 @@ def render_page(
         lines += goal_section(results, goals, pd.read_csv(PUBLISHED), powered)
     drafters = [c for s in studies if s.figure == "drafters" for c in s.commands]
     if drafters:
-        lines += drafters_section(results, drafters, pd.read_csv(PUBLISHED))
+        lines += drafters_section(results, drafters, pd.read_csv(PUBLISHED), powered)
     return "\n".join(lines)
 
 
