@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from sjd.standin.lumina import build_model, character_tokenizer, save, vocabulary
-from sjd.standin.procedural import RECIPE_DEFAULTS, ProceduralImages, all_themes, images_of
+from sjd.standin.procedural import ProceduralImages, all_themes, images_of
+from sjd.standin.recipes import ASSETS, DEFAULTS, STANDINS, checkpoint_tensors, read_record, write_record
 from sjd.standin.training import (
     FINGERPRINT_TOLERANCE,
     TrainSettings,
@@ -45,27 +46,6 @@ from sjd.standin.training import (
     tensors_sha,
     train,
 )
-
-ASSETS = Path(__file__).resolve().parents[1] / "sjd" / "assets"
-# The shipped family (conf/model/standin_*.yaml): each one's arguments. Threads are part of the recipe:
-# the same arguments on another thread count give slightly different weights.
-STANDINS = {
-    "standin_lumina_512": dict(resolution=512, noise=0.03, streak=0.05, streak_corr=0.6),
-    "standin_lumina_512_smooth": dict(resolution=512, noise=0.04, streak=0.0),
-    "standin_lumina_512_low": dict(resolution=512, noise=0.01, streak=0.0),
-    "standin_lumina_768": dict(resolution=768, noise=0.03, streak=0.05, streak_corr=0.6),
-    "standin_llamagen_512": dict(family="llamagen", resolution=512, noise=0.03, streak=0.05, streak_corr=0.6),
-    # Calibrated to the three published Lumina-mGPT ratios (docs/results/standin_calibration.md): a row tint the
-    # caption does not name ties each code to its whole row, a column streak to the row above.
-    "standin_lumina_512_cal": dict(
-        resolution=512, noise=0.03, streak=0.05, streak_corr=0.6, vstreak=0.1, row_tint=0.14, steps=400
-    ),
-    "standin_lumina_768_cal": dict(
-        resolution=768, noise=0.03, streak=0.05, streak_corr=0.6, vstreak=0.1, row_tint=0.14, steps=400
-    ),
-}
-DEFAULTS = RECIPE_DEFAULTS
-
 
 PROMPTS = ASSETS / "prompts" / "standin.tsv"
 PROBE_STEPS = 3
@@ -111,30 +91,6 @@ def record(a: dict, n_codes: int, history: list[dict]) -> dict:
     losses = [h for h in history if "loss" in h]
     return {**a, "n_codes": n_codes, "final_loss_nats": round(losses[-1]["loss"], 4),
             "train_seconds": round(losses[-1]["seconds"]), **probe(a, history)}  # fmt: skip
-
-
-def checkpoint_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of every safetensors file under a checkpoint directory, named by file and key."""
-    from safetensors.torch import load_file
-
-    return {f"{path.relative_to(directory)}:{k}": v for path in sorted(directory.rglob("*.safetensors"))
-            for k, v in load_file(path).items()}  # fmt: skip
-
-
-def read_record(directory: Path) -> dict:
-    if (directory / "standin.json").is_file():
-        return json.loads((directory / "standin.json").read_text())
-    return json.loads((directory / "config.json").read_text())["standin"]
-
-
-def write_record(directory: Path, rec: dict) -> None:
-    """Rewrite the training record in place (standin.json, or config.json's `standin` entry)."""
-    if (directory / "standin.json").is_file():
-        (directory / "standin.json").write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
-        return
-    config = json.loads((directory / "config.json").read_text())
-    config["standin"] = rec
-    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def finish(out: Path, rec: dict) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from sjd.harness.reports.calibration_page import calibration_section, published_anchors, rebuild_command
 from sjd.harness.reports.regime_page import PUBLISHED
+from sjd.standin.recipes import DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND = "python run.py experiment=standin_calibration model.adapter.weights=/tmp/standin_cal_x"
@@ -55,13 +55,10 @@ def test_the_page_prints_the_command_that_rebuilds_an_unshipped_checkpoint_from_
     assert command in text
     assert command == ("python scripts/train_standin.py --custom standin_cal_x --noise 0.05 --streak 0.05 "
                        "--streak-corr 0.6 --out /tmp/standin_cal_x")  # fmt: skip
-    spec = importlib.util.spec_from_file_location("train_standin", ROOT / "scripts" / "train_standin.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     words = shlex.split(command)[4:-2]  # the recipe's options, after --custom NAME and before --out
     given = {words[i][2:].replace("-", "_"): words[i + 1] for i in range(0, len(words), 2)}
-    rebuilt = {k: type(v)(given.get(k, v)) for k, v in script.DEFAULTS.items()}
-    assert rebuilt == {k: TRAINING[k] for k in script.DEFAULTS}  # the command gives the recorded recipe back
+    rebuilt = {k: type(v)(given.get(k, v)) for k, v in DEFAULTS.items()}
+    assert rebuilt == {k: TRAINING[k] for k in DEFAULTS}  # the command gives the recorded recipe back
     wide = rebuild_command(TRAINING | {"hidden": 128, "heads": 8, "family": "llamagen"}, "/tmp/w")
     assert wide.endswith(
         "--family llamagen --noise 0.05 --streak 0.05 --streak-corr 0.6 --hidden 128 --heads 8 --out /tmp/w"

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from sjd.core.sampling import SamplingConfig
 from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
+from sjd.standin import recipes
 from sjd.standin.adapter import StandinLlamaGenAdapter, StandinLuminaAdapter
 from sjd.standin.procedural import ProceduralImages, Theme, all_themes
 from sjd.standin.training import (
@@ -30,6 +31,7 @@ from sjd.standin.training import (
     llamagen_code_loss,
     make_batch,
     tensors_fingerprint,
+    tensors_sha,
 )
 from sjd.types import Prompt
 
@@ -196,34 +198,24 @@ BUILT_BEFORE_RECIPE_HASHES = {"standin_llamagen_512", "standin_lumina_512", "sta
                               "standin_lumina_512_smooth", "standin_lumina_768"}  # fmt: skip
 
 
-def _train_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_standin", ROOT / "scripts" / "train_standin.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _script(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, str(ROOT / "scripts" / "train_standin.py"), *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
 
 
 def test_every_shipped_standin_records_its_recipe_and_its_files_hash_to_the_record():
-    script = _train_script()
-    assert set(script.STANDINS) == set(STANDINS)
+    assert set(recipes.STANDINS) == set(STANDINS)
     unhashed = set()
-    for name in script.STANDINS:
-        directory = script.ASSETS / name
-        record = script.read_record(directory)
-        assert {k: record[k] for k in script.DEFAULTS if k in record} == {
-            k: v for k, v in {**script.DEFAULTS, **script.STANDINS[name]}.items() if k in record
+    for name in recipes.STANDINS:
+        directory = recipes.ASSETS / name
+        record = recipes.read_record(directory)
+        assert {k: record[k] for k in recipes.DEFAULTS if k in record} == {
+            k: v for k, v in {**recipes.DEFAULTS, **recipes.STANDINS[name]}.items() if k in record
         }, name
         if "recipe_sha" not in record:
             unhashed.add(name)
             continue
-        assert script.tensors_sha(script.checkpoint_tensors(directory))[:16] == record["weights_sha"], name
+        assert tensors_sha(recipes.checkpoint_tensors(directory))[:16] == record["weights_sha"], name
     assert unhashed == BUILT_BEFORE_RECIPE_HASHES
 
 
@@ -285,9 +277,8 @@ def test_a_checkpoint_is_checked_against_its_recipe_by_hash_and_by_a_bit_for_bit
         proc = _script(check, str(out))
         assert proc.returncode == 1 and message in proc.stdout, proc.stdout + proc.stderr
 
-    script = _train_script()
-    record = script.read_record(out)
-    script.write_record(out, {**record, "seed": 1})  # the record of another recipe: its probe hashes otherwise
+    record = recipes.read_record(out)
+    recipes.write_record(out, {**record, "seed": 1})  # the record of another recipe: its probe hashes otherwise
     proc = _script("--check-recipe", str(out))
     assert proc.returncode == 1 and "the code that trains it changed" in proc.stdout, proc.stdout + proc.stderr
 

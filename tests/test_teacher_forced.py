@@ -29,6 +29,7 @@ from sjd.models.micro import MicroAdapter
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = SamplingConfig(cfg_scale=2.0)
+TREE_CONTROLS = {"ratio_rule_top_k"}  # needs a drafter: experiment=audit_controls_drafter runs it
 
 
 def micro(side: int = 2, codes: int = 3, scale: float = 6.0) -> MicroAdapter:
@@ -232,7 +233,10 @@ def test_the_controls_study_audits_every_control_in_one_run(compose_cfg, tmp_pat
     cfg = compose_cfg(["experiment=audit_controls", "prompts.n=1", "seeds_per_prompt=3", "audit.n=6",
                        "decoder.window=4", "results_csv=null"])  # fmt: skip
     summary = run(cfg, tmp_path / "run").set_index("decoder")
-    assert list(summary.index) == ["ar", "sjd", *CONTROLS]
+    window_controls = [name for name in CONTROLS if name not in TREE_CONTROLS]  # the tree one has its own overlay
+    assert list(summary.index) == ["ar", "sjd", *window_controls]
+    tree_overlay = compose_cfg(["experiment=audit_controls_drafter"])
+    assert {d["name"] for d in tree_overlay.extra_decoders} == TREE_CONTROLS  # every control has a study
     assert (summary["tf_n_images"] == 3).all() and (summary["tf_control_p"] == summary.loc["ar", "tf_p"]).all()
     assert summary["tf_p"].between(0, 1).all() and (summary["audit_n"] == 6).all()
     assert set(summary["tf_verdict"]) <= {"pass", "fail", "no power", "paths disagree (AR fails)"}
