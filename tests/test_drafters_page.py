@@ -8,7 +8,7 @@ import json
 
 import pandas as pd
 
-from sjd.harness.reports.drafters_page import band_verdict, drafters_section
+from sjd.harness.reports.drafters_page import band_verdict, drafters_section, trust_line
 from sjd.harness.reports.regime_page import PUBLISHED
 
 COMMAND = "python run.py experiment=drafters"
@@ -62,8 +62,18 @@ def test_eagle_over_sjd_is_read_against_the_published_ratio_with_a_verdict_from_
     assert "`eagle` over `sjd_official`: 1.32 (1.25-1.39), against the published 1.32" in text
     assert "1.00 (0.95-1.05) of published, which agrees within 15%" in text
     assert "`eagle_sampled` over `sjd_official`: 2.00" in text and "does not agree within 15%" in text
+    assert "does not carry a drafter's ratio over" in text  # one of the two disagrees
     wide = section(run_rows(spread=0.3))
     assert "`eagle` over `sjd_official`" in wide and "not distinguishable from the 15% band" in wide
+
+
+def test_what_the_check_means_follows_its_verdicts():
+    agree = "- `eagle` ... which agrees within 15% (the interval lies inside the band)."
+    crosses = "- `eagle_sampled` ... which is not distinguishable from the 15% band at this size (...)."
+    disagree = "- `eagle_sampled` ... which does not agree within 15% (the interval lies outside the band)."
+    assert trust_line([agree]).startswith("The stand-in carries the published drafter ratio over")
+    assert trust_line([agree, crosses]).startswith("Not distinguishable at this size")
+    assert trust_line([agree, disagree]).startswith("So this stand-in")
 
 
 def test_a_met_in_the_selection_run_is_pending_until_a_confirming_run_decides_it():
