@@ -18,11 +18,14 @@ Prints ratios measured in this run; asserts nothing about time.
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 
 import torch
 
 from sjd.harness.bookkeeping import measure
+from sjd.harness.provenance import git_hash
 from sjd.harness.results import markdown_table
 
 
@@ -47,7 +50,10 @@ def main() -> None:
     print(markdown_table(table, floatfmt=".3f"))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(args.out, index=False)
+        command = shlex.join(["python", "scripts/bench_bookkeeping.py", *sys.argv[1:]])
+        provenance = {"model": args.model, "clock": clock, "command": command, "git_hash": git_hash(),
+                      "torch": torch.__version__}  # fmt: skip
+        table.assign(**provenance).to_csv(args.out, index=False)
         print(f"\nwrote {args.out}")
 
 

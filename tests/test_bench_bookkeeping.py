@@ -74,3 +74,23 @@ def test_bad_sizes_are_refused_naming_the_flag():
         bookkeeping.measure("toy", ["sjd"], windows=(0,), batches=(1,), n_batches=1)
     with pytest.raises(ValueError, match="--model 'no_such_model'"):
         bookkeeping.measure("no_such_model", ["sjd"], windows=(16,), batches=(1,), n_batches=1)
+
+
+def test_the_written_csv_records_its_model_command_and_git_hash(tmp_path):
+    """`--out` writes the table with what produced it: the model, the clock, the command as typed and the commit."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    root = Path(__file__).resolve().parents[1]
+    args = ["--model", "toy", "--prompts", "1", "--decoders", "ar,sjd", "--windows", "16", "--batches", "1"]
+    out = tmp_path / "bookkeeping.csv"
+    proc = subprocess.run([sys.executable, "scripts/bench_bookkeeping.py", *args, "--out", str(out)],
+                          cwd=root, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = pd.read_csv(out)
+    assert set(table["model"]) == {"toy"} and set(table["clock"]) == {"CPU time of one thread"}
+    assert table["command"].iloc[0] == "python scripts/bench_bookkeeping.py " + " ".join(args) + f" --out {out}"
+    assert len(table["git_hash"].iloc[0]) >= 40

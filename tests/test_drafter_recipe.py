@@ -5,7 +5,6 @@ model trains, saves, loads through `decoder.drafter.weights` and decodes; and ev
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -43,16 +42,12 @@ MODELS = {"drafter_toy": "toy", "drafter_standin_lumina_512_cal": "standin_lumin
           "drafter_standin_lumina_768_cal": "standin_lumina_768_cal"}  # fmt: skip
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("train_drafter", ROOT / "scripts" / "train_drafter.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def script():
-    return _script()
+    """What scripts/train_drafter.py runs (the script is its command line only)."""
+    from sjd.harness import drafter_training
+
+    return drafter_training
 
 
 @pytest.fixture(scope="module")
