@@ -87,3 +87,59 @@ def test_a_ratio_of_two_runs_adds_their_relative_variances():
     lo, hi = ratio_interval(2.0, [0.03, 0.04])  # relative SE 0.05 of the ratio
     assert (lo, hi) == (pytest.approx(2.0 - 1.959964 * 0.1), pytest.approx(2.0 + 1.959964 * 0.1))
     assert all(math.isnan(v) for v in ratio_interval(2.0, [0.03, float("nan")]))
+
+
+def batched(decoder: str, latencies: list[float], size: int, recorded: bool = True) -> list[dict]:
+    """Samples of `len(latencies)` timed batches of `size` prompts each; every sample carries its batch's time."""
+    out = []
+    for b, t in enumerate(latencies):
+        for r in range(size):
+            i = b * size + r
+            out.append({"decoder": decoder, "prompt_id": str(i), "seed_index": 0, "n_tokens": 120, "n_forward": 40,
+                        "latency_s": t, "prefill_s": 0.0, "decode_s": t, "model_s": t / 2, "batch_size": size,
+                        "accepted": [1], "peak_mem_mb": 1.0, "peak_mem_kind": "process_rss"})  # fmt: skip
+            if recorded:
+                out[-1]["timed_batch"] = f"{b * size}#0"
+    return out
+
+
+def test_latency_intervals_resample_timed_batches_not_the_prompts_in_them():
+    """Four batches of eight prompts: four timing units, paired with AR's batch of the same prompts. Resampling the
+    32 prompts, each carrying its batch's time, would make the interval about sqrt(8) times too narrow."""
+    base, mine = [4.0, 6.0, 5.0, 8.0], [2.0, 2.0, 2.5, 2.0]
+    table = pd.DataFrame(batched("ar", base, 8) + batched("sjd", mine, 8))
+    units = intervals.batch_units(table)
+    assert len(units.loc["sjd"]) == 4 and list(units.loc["sjd", "latency_s"]) == mine
+    sjd = summarize(table, "ar", {"model": "toy"}).set_index("decoder").loc["sjd"]
+    assert sjd["latency_units"] == 4
+    expected = intervals.bootstrap_interval(intervals.latency_ratio, [np.array(base), np.array(mine)])
+    assert (sjd["latency_speedup_lo"], sjd["latency_speedup_hi"]) == pytest.approx(expected)
+    assert sjd["latency_s_se"] == pytest.approx(intervals.mean_se(mine))
+    per_prompt = intervals.bootstrap_interval(intervals.latency_ratio, [np.repeat(base, 8), np.repeat(mine, 8)])
+    assert per_prompt[1] - per_prompt[0] < 0.6 * (expected[1] - expected[0])  # what counting prompts would claim
+
+
+def test_one_timed_batch_has_no_latency_interval_and_old_lines_are_grouped_by_their_clocks():
+    one = summarize(pd.DataFrame(batched("ar", [4.0], 8) + batched("sjd", [2.0], 8)), "ar", {"model": "toy"})
+    sjd = one.set_index("decoder").loc["sjd"]
+    assert sjd["latency_units"] == 1 and math.isnan(sjd["latency_speedup_lo"]) and math.isnan(sjd["efficiency_lo"])
+    assert not math.isnan(sjd["step_compression"]) and sjd["n_captions"] == 8
+    old = pd.DataFrame(batched("ar", [4.0, 6.0, 5.0], 2, recorded=False) + batched("sjd", [2.0, 2.1, 2.5], 2, False))
+    assert len(intervals.batch_units(old).loc["sjd"]) == 3
+
+
+def test_pages_say_which_latency_intervals_are_missing_and_why():
+    from sjd.harness.reports.tables import NO_INTERVAL, ONE_BATCH, ONE_PROMPT, interval_cells
+
+    rows = pd.DataFrame({"decoder": ["a", "b", "c"], "latency_speedup": [2.0, 2.0, 2.0],
+                         "latency_speedup_lo": [1.5, np.nan, 2.0], "latency_speedup_hi": [2.5, np.nan, 2.0],
+                         "latency_units": [4, 1, np.nan], "n_captions": [32, 8, 8]})  # fmt: skip
+    cells = interval_cells(rows, "latency_speedup", "latency_speedup_lo", "latency_speedup_hi", ".2f", None)
+    assert cells == ["2.00 (1.50-2.50)", f"2.00 ({ONE_BATCH})", f"2.00 ({NO_INTERVAL})"]  # c: over prompts, old
+    alone = rows.assign(batch_size=[8, 8, 1])  # an old row whose prompts were timed one at a time keeps its interval
+    cells = interval_cells(alone, "latency_speedup", "latency_speedup_lo", "latency_speedup_hi", ".2f", None)
+    assert cells[2] == "2.00 (2.00-2.00)"
+    steps = rows.rename(columns=lambda c: c.replace("latency_speedup", "step_compression"))
+    steps["n_captions"] = [32, 1, 8]
+    cells = interval_cells(steps, "step_compression", "step_compression_lo", "step_compression_hi", ".2f", None)
+    assert cells == ["2.00 (1.50-2.50)", f"2.00 ({ONE_PROMPT})", "2.00 (2.00-2.00)"]  # prompts are its units

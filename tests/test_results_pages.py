@@ -87,7 +87,7 @@ def test_each_ratio_shows_its_interval_and_the_run_its_machine_load(pages, tmp_p
     load = {"load_1min_start": 7.5, "load_1min_end": 8.0, "usable_cores": 2, "cpu_per_wall": 0.3,
             "latency_reliable": False}  # fmt: skip
     sjd |= {"step_compression_lo": 2.5, "step_compression_hi": 3.5, "latency_speedup_lo": 1.8,
-            "latency_speedup_hi": 2.2} | load  # fmt: skip
+            "latency_speedup_hi": 2.2, "latency_units": 4} | load  # fmt: skip
     results, conf, out = write_tiny(tmp_path, [ar | load, sjd])
     pages.render_all(results, conf, out)
     page = (out / "tiny.md").read_text()

@@ -75,7 +75,7 @@ def test_default_run_writes_every_output(tmp_path):
     assert rows.loc["sjd", "step_compression"] > 1.0
     sjd = rows.loc["sjd"]
     assert sjd["step_compression_lo"] <= sjd["step_compression"] <= sjd["step_compression_hi"]
-    assert sjd["latency_speedup_lo"] <= sjd["latency_speedup_hi"]
+    assert sjd["latency_speedup_lo"] <= sjd["latency_speedup_hi"] and sjd["latency_units"] == 3  # batch_size 1
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["cpu_per_wall"] > 0 and meta["usable_cores"] >= 1 and isinstance(meta["latency_reliable"], bool)
     assert ("latency columns UNRELIABLE" in proc.stdout) == (not meta["latency_reliable"])
@@ -86,6 +86,24 @@ def test_default_run_writes_every_output(tmp_path):
     records = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(records) == 1 and records[0].stat().st_size > 0
     assert list((run_dir / "wandb").glob("offline-run-*/files/media/table/*.table.json"))
+
+
+@pytest.mark.slow
+def test_latency_intervals_resample_the_timed_batches(tmp_path):
+    """`python run.py batch_size=4 prompts.n=16`: the latency speedup's and efficiency's intervals are over the
+    4 timed batches each decoder ran (each paired with AR's batch of the same prompts), and none is zero-width;
+    every sample records the batch it was timed in."""
+    run_dir = tmp_path / "run"
+    proc = run_py(f"hydra.run.dir={run_dir}", "batch_size=4", "prompts.n=16", "results_csv=null", "save_images=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert {x["decoder"] for x in lines} == {"ar", "sjd"}
+    for decoder in ("ar", "sjd"):
+        batches = {x["timed_batch"] for x in lines if x["decoder"] == decoder}
+        assert len(batches) == 4, batches
+    sjd = pd.read_csv(run_dir / "summary.csv").set_index("decoder").loc["sjd"]
+    assert sjd["latency_units"] == 4
+    assert sjd["latency_speedup_lo"] < sjd["latency_speedup_hi"] and sjd["efficiency_lo"] < sjd["efficiency_hi"]
 
 
 @pytest.mark.slow

@@ -14,9 +14,14 @@ samples of one prompt, which share its caption, are never treated as independent
   the prompt-to-prompt variation both share cancels. BOOTSTRAP_RESAMPLES resamples from
   numpy.random.default_rng(BOOTSTRAP_SEED): the interval is the same every time the summary is made.
 
-Fewer than two units give NaN: one prompt says nothing about the spread over prompts. The samples of
-one batch share a measured latency (the batch is timed as a whole), so with batch_size > 1 the latency
-intervals count each batch's time once per prompt in it.
+Latency is different: a batch is timed as a whole, and each of its samples carries the batch's time. So the
+latency speedup's and the efficiency's unit is the *timed batch* (`batch_units`): one latency and one model
+time per batch, paired with the baseline's batch of the same samples. `latency_units` counts the paired
+batches; a run of one timed batch has no latency interval (NaN), and a run with batch_size 1 has one unit a
+sample, as before.
+
+Fewer than two units give NaN: one prompt says nothing about the spread over prompts, one timed batch
+nothing about the spread of timings.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ LEVEL = 0.95
 # columns, the regime map's vs_official_sjd / vs_harness_sjd, and the goal page's SJD-PAC at window 64).
 REFERENCES = ("sjd", "sjd_official", "sjd_harness", "sjd_pac_official_w64")
 UNIT_COLUMNS = ("n_tokens", "n_forward", "latency_s", "model_s")
+# What every sample of one timed batch shares, and no two batches do: the batch's own clocks and its size.
+BATCH_CLOCKS = ("latency_s", "prefill_s", "decode_s", "model_s", "batch_size")
 
 # A statistic of per-unit arrays: each array has the units on its last axis (1-D for the estimate,
 # (resamples, units) under the bootstrap) and the statistic reduces that axis.
@@ -102,6 +109,25 @@ def prompt_units(samples: pd.DataFrame) -> pd.DataFrame:
     return by_prompt[present].sum().assign(n_seeds=by_prompt.size())
 
 
+def batch_units(samples: pd.DataFrame) -> pd.DataFrame:
+    """Per (decoder, timed batch): the batch's latency and model time, indexed by the batch's samples (their
+    sorted prompt ids and seed indices), so that a decoder's batch pairs with the baseline's batch of the same
+    samples. A batch is the samples of one decoder with the same `timed_batch`, or, on lines written before
+    that was recorded, the samples of one decoder that share every clock in BATCH_CLOCKS."""
+    recorded = "timed_batch" in samples and samples["timed_batch"].fillna("").astype(bool).all()
+    clocks = ["timed_batch"] if recorded else [c for c in BATCH_CLOCKS if c in samples]
+    ids = samples["prompt_id"] if "prompt_id" in samples else pd.Series(samples.index.astype(str), samples.index)
+    seeds = samples["seed_index"] if "seed_index" in samples else 0
+    member = ids.astype(str) + "#" + pd.Series(seeds, index=samples.index).astype(str)
+    rows = []
+    for (decoder, *_), batch in samples.assign(member=member).groupby(["decoder", *clocks], sort=False):
+        first = batch.iloc[0]
+        rows.append({"decoder": decoder, "batch": " ".join(sorted(batch["member"])),
+                     "latency_s": float(first["latency_s"]),
+                     "model_s": float(first["model_s"]) if "model_s" in batch else np.nan})  # fmt: skip
+    return pd.DataFrame(rows, columns=["decoder", "batch", "latency_s", "model_s"]).set_index(["decoder", "batch"])
+
+
 def paired(units: pd.DataFrame, decoder: str, other: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Both decoders' units on the prompts both decoded, in the same order."""
     mine, theirs = units.loc[decoder], units.loc[other]
@@ -110,12 +136,11 @@ def paired(units: pd.DataFrame, decoder: str, other: str) -> tuple[pd.DataFrame,
 
 
 def own_intervals(units: pd.DataFrame) -> dict[str, float]:
-    """One decoder's: SE of forwards per image and latency, and step compression's SE and interval."""
-    per_image = units[["n_forward", "latency_s"]].div(units["n_seeds"], axis=0)
+    """One decoder's: SE of forwards per image, and step compression's SE and interval."""
+    per_image = units[["n_forward"]].div(units["n_seeds"], axis=0)
     lo, hi = bootstrap_interval(compression, [units["n_tokens"], units["n_forward"]])
     return {
         "n_forward_se": mean_se(per_image["n_forward"]),
-        "latency_s_se": mean_se(per_image["latency_s"]),
         "step_compression_se": ratio_se(units["n_tokens"], units["n_forward"]),
         "step_compression_lo": lo,
         "step_compression_hi": hi,
@@ -123,10 +148,11 @@ def own_intervals(units: pd.DataFrame) -> dict[str, float]:
 
 
 def baseline_intervals(mine: pd.DataFrame, base: pd.DataFrame) -> dict[str, float]:
-    """Paired intervals of latency speedup and efficiency over the baseline."""
+    """Paired intervals of latency speedup and efficiency over the baseline, over timed batches (batch_units)
+    of the same samples; `latency_units` is how many."""
     speedup = bootstrap_interval(latency_ratio, [base["latency_s"], mine["latency_s"]])
-    out = {"latency_speedup_lo": speedup[0], "latency_speedup_hi": speedup[1]}
-    if "model_s" in mine:
+    out = {"latency_units": len(mine), "latency_speedup_lo": speedup[0], "latency_speedup_hi": speedup[1]}
+    if mine["model_s"].notna().all() and base["model_s"].notna().all():
         columns = [base["latency_s"], mine["latency_s"], base["model_s"], mine["model_s"]]
         out["efficiency_lo"], out["efficiency_hi"] = bootstrap_interval(efficiency_ratio, columns)
     return out
@@ -143,13 +169,14 @@ def reference_intervals(mine: pd.DataFrame, ref: pd.DataFrame, name: str) -> dic
 def summary_intervals(samples: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     """One row per decoder (column `decoder`) of every interval above. A decoder's ratios to itself
     (the baseline's speedup, a reference's own step compression over itself) are left NaN."""
-    units = prompt_units(samples)
+    units, batches = prompt_units(samples), batch_units(samples)
     decoders = list(dict.fromkeys(samples["decoder"]))
     rows = []
     for decoder in decoders:
         row = {"decoder": decoder, **own_intervals(units.loc[decoder])}
+        row["latency_s_se"] = mean_se(batches.loc[decoder, "latency_s"])  # over timed batches
         if baseline in decoders and decoder != baseline:
-            row |= baseline_intervals(*paired(units, decoder, baseline))
+            row |= baseline_intervals(*paired(batches, decoder, baseline))
         for ref in (r for r in REFERENCES if r in decoders and r != decoder):
             row |= reference_intervals(*paired(units, decoder, ref), ref)
         rows.append(row)

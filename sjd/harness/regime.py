@@ -131,6 +131,7 @@ def with_intervals(table: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
         for end in ("lo", "hi"):
             out[f"{column}_{end}"] = rows[f"{source}_{end}"].values if f"{source}_{end}" in rows else np.nan
     out["step_compression_se"] = rows["step_compression_se"].values if "step_compression_se" in rows else np.nan
+    out["latency_units"] = rows["latency_units"].values if "latency_units" in rows else np.nan  # timed batches
     return out
 
 

@@ -86,6 +86,9 @@ class SampleRecord:
     entropy_nats: float | None
     tokens: list[int]
     extras: dict[str, Any] = field(default_factory=dict)
+    # The batch this sample was timed in, named by its first sample (prompt_id#seed_index): the unit of the
+    # latency intervals (sjd.harness.intervals.batch_units). Empty on lines written before it was recorded.
+    timed_batch: str = ""
 
     @classmethod
     def of_row(
@@ -98,8 +101,9 @@ class SampleRecord:
         decoder: str,
         image_decode_s: float,
         peak_mem: tuple[float, str],
+        timed_batch: str = "",
     ) -> SampleRecord:
-        """Row `row` of a batch's `result`."""
+        """Row `row` of a batch's `result`, timed in the batch named `timed_batch`."""
         return cls(
             prompt_id=prompt.prompt_id,
             prompt=prompt.text,
@@ -121,6 +125,7 @@ class SampleRecord:
             entropy_nats=None if result.entropy_nats is None else result.entropy_nats[row],
             tokens=result.tokens[row].tolist(),
             extras=row_extras(result.extras, row, len(result.tokens)),
+            timed_batch=timed_batch,
         )
 
     def to_json(self) -> dict[str, Any]:

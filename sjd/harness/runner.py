@@ -402,8 +402,10 @@ def decode_group(
     images = adapter.decode_images(result.tokens) if cfg.save_images else None
     device_sync(adapter.device)
     image_decode_s = (time.perf_counter() - t_images) / len(group) if cfg.save_images else float("nan")
+    timed_batch = f"{group[0][0].prompt_id}#{group[0][1]}"  # the latency intervals' unit (sjd.harness.intervals)
     for b, (prompt, k) in enumerate(group):
         if images is not None:  # the image first: a sample on record always has its image
             writer.save_image(decoder.name, image_name(prompt.prompt_id, k), images[b])
         seed = prompt_seed(cfg.seed + k, prompt.prompt_id)
-        writer.write(SampleRecord.of_row(result, b, prompt, k, seed, decoder.name, image_decode_s, peak_mem))
+        record = SampleRecord.of_row(result, b, prompt, k, seed, decoder.name, image_decode_s, peak_mem, timed_batch)
+        writer.write(record)

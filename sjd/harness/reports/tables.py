@@ -37,10 +37,14 @@ COLUMNS = (
 INTERVALS = {c: (f"{c}_lo", f"{c}_hi") for c in ("step_compression", "latency_speedup", "efficiency")}
 NO_INTERVAL = "n/a: rerun"  # a row written before runs recorded intervals
 ONE_PROMPT = "n/a: one prompt"  # a run of one prompt (its seeds are one unit): no spread over prompts to measure
+ONE_BATCH = "n/a: one timed batch"  # a latency ratio of a run timed in one batch: no spread of timings to measure
+# Ratios whose interval resamples timed batches (`latency_units` of them), not prompts.
+TIMED = ("latency_speedup", "efficiency")
 INTERVAL_LEGEND = (
-    "A ratio's parentheses hold its 95% interval over prompts (a paired bootstrap against the decoder it is "
-    f"a ratio to, docs/evaluation.md); `{NO_INTERVAL}` marks rows written before runs recorded intervals, "
-    f"`{ONE_PROMPT}` a run of a single prompt."
+    "A ratio's parentheses hold its 95% interval (a paired bootstrap against the decoder it is a ratio to, "
+    "docs/evaluation.md): over prompts, and for latency speedup and efficiency over timed batches; "
+    f"`{NO_INTERVAL}` marks rows written before runs recorded intervals (for latency, batched runs from before "
+    f"they were over timed batches), `{ONE_PROMPT}` a run of a single prompt, `{ONE_BATCH}` a run timed in one batch."
 )
 
 
@@ -83,16 +87,19 @@ def cell(value, fmt: str) -> str:
     return format(float(value), fmt)
 
 
-def with_interval(value, lo, hi, fmt: str, n_units: float | None = None, unit: str = "") -> str:
-    """`value (lo-hi)`; `value (n/a: ...)` when the interval is unknown: one prompt has none, and a row
-    without one was written before runs recorded intervals."""
+def with_interval(
+    value, lo, hi, fmt: str, n_units: float | None = None, unit: str = "", too_few: str = ONE_PROMPT
+) -> str:
+    """`value (lo-hi)`; `value (n/a: ...)` when the interval is unknown: fewer than two units (prompts, or
+    timed batches: `too_few` says which) have none, and a row without one was written before runs recorded
+    intervals."""
     shown = cell(value, fmt)
     if not shown:
         return shown
     shown += unit
     if cell(lo, fmt) and cell(hi, fmt):
         return f"{shown} ({cell(lo, fmt)}-{cell(hi, fmt)})"
-    reason = ONE_PROMPT if n_units is not None and not pd.isna(n_units) and n_units < 2 else NO_INTERVAL
+    reason = too_few if n_units is not None and not pd.isna(n_units) and n_units < 2 else NO_INTERVAL
     return f"{shown} ({reason})"
 
 
@@ -103,8 +110,14 @@ def interval_cells(
     missing = pd.Series([float("nan")] * len(rows), index=rows.index)
     los, his = rows[lo] if lo in rows else missing, rows[hi] if hi in rows else missing
     units = rows["n_captions"] if "n_captions" in rows else missing  # older rows lack it: NO_INTERVAL
+    too_few = ONE_PROMPT
+    if column in TIMED:  # over timed batches; older rows' latency intervals, over prompts, are shown only where
+        # each prompt was timed alone (batch_size 1), the one case in which a prompt was a timing unit
+        alone = units.where(rows["batch_size"] == 1) if "batch_size" in rows else missing
+        units = rows["latency_units"].fillna(alone) if "latency_units" in rows else alone
+        los, his, too_few = los.where(units.notna()), his.where(units.notna()), ONE_BATCH
     return [
-        cell(v, fmt) + unit if d == reference else with_interval(v, a, b, fmt, n, unit)
+        cell(v, fmt) + unit if d == reference else with_interval(v, a, b, fmt, n, unit, too_few)
         for d, v, a, b, n in zip(rows["decoder"], rows[column], los, his, units)
     ]
 
