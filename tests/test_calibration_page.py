@@ -42,11 +42,23 @@ def test_a_stand_in_at_the_published_ratios_is_calibrated_and_one_past_15_percen
     assert theirs["SJD over AR"] == pytest.approx(2.22) and theirs["SCD over SJD"] == pytest.approx(4.22 / 2.22, 1e-2)
     at = run_rows(theirs["SJD over AR"], theirs["SCD over SJD"], theirs["SJD-PAC over SJD"])
     text = "\n".join(calibration_section(at, [COMMAND], published))
-    assert "| 1.00 (0.95-1.05) |" in text and "is calibrated." in text and "| yes |" in text
-    off = run_rows(theirs["SJD over AR"], theirs["SCD over SJD"] * 1.2, theirs["SJD-PAC over SJD"], run_dir="r2")
+    assert "| 1.00 (0.95-1.05) |" in text and "is calibrated (every anchor's interval" in text
+    assert ") | calibrated |" in text
+    off = run_rows(theirs["SJD over AR"], theirs["SCD over SJD"] * 1.3, theirs["SJD-PAC over SJD"], run_dir="r2")
     text = "\n".join(calibration_section(pd.concat([at, off]), [COMMAND], published))  # the latest run counts
-    assert "is not calibrated: SCD over SJD 1.20 of published." in text and "| no |" in text
-    assert "| yes |" not in text
+    assert "is not calibrated: SCD over SJD 1.30 (1.24-1.37) of published, outside the band." in text
+    assert "| not calibrated |" in text and ") | calibrated |" not in text  # the earlier run is not shown
+
+
+def test_an_anchor_whose_interval_crosses_the_band_leaves_the_verdict_open():
+    """1.12 of published with an interval to 1.18 (the 768 px stand-in's SCD anchor, once): its point estimate
+    is inside the band, but the interval reaches past it, so the page says not distinguishable at this size."""
+    published = pd.read_csv(PUBLISHED)
+    theirs = published_anchors(published)
+    near = run_rows(theirs["SJD over AR"], theirs["SCD over SJD"] * 1.12, theirs["SJD-PAC over SJD"])
+    text = "\n".join(calibration_section(near, [COMMAND], published))
+    assert "is not distinguishable at this size: SCD over SJD 1.12 (1.06-1.18) of published, crossing" in text
+    assert "| not distinguishable at this size |" in text
 
 
 def test_the_page_prints_the_command_that_rebuilds_an_unshipped_checkpoint_from_its_record():

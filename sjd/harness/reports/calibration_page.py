@@ -4,7 +4,9 @@ Input: the latest run of each listed command of a `standin_calibration` study (A
 window 16 and SCD and SJD-PAC at window 64, all on the same prompts and seeds). Per run, the three anchors
 of sjd.harness.regime (SJD over AR, SCD over SJD, SJD-PAC over SJD) with their 95% intervals, which here are
 paired bootstraps over the prompts (the three decoders ran in one run), against the published values in
-results/paper/published.csv. A stand-in is calibrated when every anchor lies within TOLERANCE of the paper's.
+results/paper/published.csv. The verdict comes from the intervals: a stand-in is calibrated when every anchor's
+interval, as a fraction of the paper's value, lies inside 1 +- TOLERANCE; not calibrated when some anchor's lies
+wholly outside; not distinguishable at this size otherwise (an interval crosses the band's edge, or is missing).
 Each run's stand-in is named by its training record (`model_training`: the recipe, its hashes), so the page
 also prints the command that rebuilds a checkpoint the project does not ship.
 """
@@ -31,6 +33,27 @@ OURS = {
 # differs from its default (sjd.standin.procedural.RECIPE_DEFAULTS, the script's own).
 RECIPE_SHOWN = ("resolution", "noise", "streak", "streak_corr", "vstreak", "edge", "tint", "row_tint", "steps",
                 "hidden", "layers", "heads", "seed")  # fmt: skip
+
+
+CALIBRATED, NOT_CALIBRATED, UNDECIDED = "calibrated", "not calibrated", "not distinguishable at this size"
+
+
+def band_verdict(lo: float, hi: float, band: float = TOLERANCE) -> str:
+    """inside / outside / crossing: where an interval of ours-over-published lies against 1 +- band."""
+    if not (pd.notna(lo) and pd.notna(hi)):
+        return "crossing"
+    if 1 - band <= lo and hi <= 1 + band:
+        return "inside"
+    if hi < 1 - band or lo > 1 + band:
+        return "outside"
+    return "crossing"
+
+
+def calibration_verdict(bands: list[str]) -> str:
+    """The stand-in's verdict from its anchors' band verdicts."""
+    if all(b == "inside" for b in bands):
+        return CALIBRATED
+    return NOT_CALIBRATED if "outside" in bands else UNDECIDED
 
 
 def published_anchors(published: pd.DataFrame) -> dict[str, float]:
@@ -80,8 +103,20 @@ def run_anchors(rows: pd.DataFrame, published: dict[str, float]) -> dict:
                          for c in (column, f"{column}_lo", f"{column}_hi"))  # fmt: skip
         theirs = published[name]
         out[name] = (value, lo, hi, value / theirs, lo / theirs, hi / theirs)
-    out["calibrated"] = all(abs(out[name][3] - 1) <= TOLERANCE for name in OURS)
+    out["bands"] = {name: band_verdict(out[name][4], out[name][5]) for name in OURS}
+    out["verdict"] = calibration_verdict(list(out["bands"].values()))
     return out
+
+
+def verdict_text(anchors: dict) -> str:
+    """`is calibrated`, or the verdict with the anchors that decide it (their fractions and intervals)."""
+    if anchors["verdict"] == CALIBRATED:
+        return "is calibrated (every anchor's interval lies inside the band)"
+    deciding = "outside" if anchors["verdict"] == NOT_CALIBRATED else "crossing"
+    named = [f"{n} {with_interval(*anchors[n][3:6], '.2f', anchors['n_captions'])} of published"
+             for n in OURS if anchors["bands"][n] == deciding]  # fmt: skip
+    where = "outside the band" if deciding == "outside" else "crossing the band's edge or without an interval"
+    return f"is {anchors['verdict']}: {', '.join(named)}, {where}"
 
 
 def calibration_section(results: pd.DataFrame, commands: list[str], published: pd.DataFrame) -> list[str]:
@@ -97,7 +132,8 @@ def calibration_section(results: pd.DataFrame, commands: list[str], published: p
         "Each run's three anchors, next to what the papers report on Lumina-mGPT 7B (`results/paper/published.csv`): "
         f"{', '.join(f'{n} {theirs[n]:.2f}' for n in OURS)}. The three decoders ran on the same prompts and seeds, "
         "so every interval is a paired bootstrap over prompts (docs/evaluation.md). A stand-in is calibrated when "
-        f"each anchor lies within {TOLERANCE:.0%} of the paper's (0.85 to 1.15 in the `of published` columns).",
+        f"each anchor's interval lies within {TOLERANCE:.0%} of the paper's (0.85 to 1.15 in the `of published` "
+        "columns), not calibrated when one lies wholly outside, and not distinguishable at this size otherwise.",
         "",
     ]
     table = pd.DataFrame(
@@ -111,15 +147,13 @@ def calibration_section(results: pd.DataFrame, commands: list[str], published: p
                 for name in OURS
                 for heading, i in ((name, 0), (f"{name}, of published", 3))
             },
-            "calibrated": ["yes" if r["calibrated"] else "no" for r in runs],
+            "calibrated": [r["verdict"] for r in runs],
         }
     )
     lines += [markdown(table), ""]
     for r in runs:
-        missed = [f"{n} {r[n][3]:.2f} of published" for n in OURS if abs(r[n][3] - 1) > TOLERANCE]
         where = f"`{r['model']}`" + (f" at `{r['weights']}`" if r["weights"] != "shipped" else "")
-        verdict = "is calibrated" if r["calibrated"] else "is not calibrated: " + ", ".join(missed)
-        lines.append(f"- {where} {verdict}.")
+        lines.append(f"- {where} {verdict_text(r)}.")
     rebuilt = list({r["weights"]: r["training"] for r in runs if r["weights"] != "shipped" and r["training"]}.items())
     if rebuilt:
         lines += ["", "Checkpoints the project does not ship; each command rebuilds one from its recorded recipe "

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from sjd.harness import regime
-from sjd.harness.reports.calibration_page import OURS, published_anchors, run_anchors
+from sjd.harness.reports.calibration_page import OURS, published_anchors, run_anchors, verdict_text
 from sjd.harness.reports.goal_page import (
     PAC_REFERENCE,
     POWERED_PAGE,
@@ -143,11 +143,10 @@ def run_part(
     rows: pd.DataFrame, published: pd.DataFrame, confirmations: list[pd.DataFrame], powered: pd.DataFrame | None
 ) -> list[str]:
     anchors = run_anchors(rows, published_anchors(published))
-    fractions = ", ".join(f"{name} {anchors[name][3]:.2f}" for name in OURS)
-    calibrated = "reproduces" if anchors["calibrated"] else "does NOT reproduce"
+    fractions = ", ".join(f"{name} {with_interval(*anchors[name][3:6], '.2f', anchors['n_captions'])}" for name in OURS)
     lines = [f"### `{anchors['model']}`: {anchors['command']}", "",
-             f"This run's stand-in {calibrated} the published self-drafting ratios within 15% by their point "
-             f"estimates (of published: {fractions}; intervals on the calibration page).", ""]  # fmt: skip
+             f"Against the published self-drafting ratios (within 15%, from the intervals), this run's stand-in "
+             f"{verdict_text(anchors)} (of published: {fractions}).", ""]  # fmt: skip
     candidates = candidate_rows(rows, powered)
     units = rows["n_captions"].iloc[0] if "n_captions" in rows else np.nan
     forwards, cost = cost_cells(candidates)

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from sjd.harness import regime
-from sjd.harness.reports.calibration_page import OURS, published_anchors, run_anchors
+from sjd.harness.reports.calibration_page import OURS, published_anchors, run_anchors, verdict_text
 from sjd.harness.reports.tables import cell, latest_runs, markdown, with_interval
 
 SJD_REFERENCE = "sjd_official"  # official-schedule SJD at window 16 (the run's main decoder)
@@ -196,10 +196,10 @@ def ratio_cells(rows: pd.DataFrame, column: str, units: float) -> list[str]:
 
 def run_part(rows: pd.DataFrame, published: dict[str, float], powered: pd.DataFrame | None = None) -> list[str]:
     anchors = run_anchors(rows, published)
-    fractions = ", ".join(f"{name} {anchors[name][3]:.2f}" for name in OURS)
-    calibrated = "reproduces" if anchors["calibrated"] else "does NOT reproduce"
+    fractions = ", ".join(f"{name} {with_interval(*anchors[name][3:6], '.2f', anchors['n_captions'])}" for name in OURS)
     lines = [f"### `{anchors['model']}`: {anchors['command']}", "",
-             f"This run's stand-in {calibrated} the published ratios within 15% (of published: {fractions}).",
+             f"Against the published ratios (within 15%, from the intervals), this run's stand-in "
+             f"{verdict_text(anchors)} (of published: {fractions}).",
              ""]  # fmt: skip
     candidates = candidate_rows(rows, powered)
     units = rows["n_captions"].iloc[0] if "n_captions" in rows else np.nan
