@@ -171,3 +171,24 @@ def test_the_window_16_target_is_also_read_against_the_best_candidate_at_any_win
     rows = run_rows()
     only16 = rows[~rows["decoder"].isin(["csjd_pac_w64"])]
     assert "Any window" not in section(only16)  # the best is the window-16 candidate: nothing more to say
+
+
+def test_the_regime_and_goal_pages_agree_on_what_is_audited_with_power():
+    """One source of truth: both read a decoder's audit with power through regime.powered_audit, so where one
+    matches, the regime map's audited_lossless and the goal page's are the same, passing or failing."""
+    from sjd.harness import regime
+    from sjd.harness.reports.goal_page import candidate_rows
+
+    rows = run_rows()
+    rows.loc[len(rows)] = rows.loc[rows["decoder"] == "sjd_official"].iloc[0].to_dict() | {"decoder": "sjd_harness"}
+    configs = json.loads(rows["decoder_configs"].iloc[0]) | {"sjd_harness": {"window": 16}}
+    lossless = json.loads(rows["decoder_lossless"].iloc[0]) | {"sjd_harness": True}
+    rows = rows.assign(decoder_configs=json.dumps(configs), decoder_lossless=json.dumps(lossless), n_prompts=16,
+                       latency_speedup=1.0, efficiency=1.0)  # fmt: skip
+    for p, expected in ((0.42, True), (1e-6, False)):
+        powered = pd.concat([powered_rows("csjd_pac_w64", p), powered_rows("csjd_official", 0.42, window=16)])
+        on_map = regime.run_table(rows, powered).set_index("decoder")["audited_lossless"]
+        on_goal = candidate_rows(rows, powered).set_index("decoder")["audited_lossless"]
+        assert on_map["csjd_pac_w64"] is expected and on_goal["csjd_pac_w64"] is expected
+        assert on_map["csjd_official"] is True and on_goal["csjd_official"] is True
+        assert all(on_map[d] == on_goal[d] or (on_map[d] is None and on_goal[d] is None) for d in on_goal.index)

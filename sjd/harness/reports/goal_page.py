@@ -59,17 +59,6 @@ def forward_width(config: dict) -> int:
     return int(config["window"] if "window" in config else config["total_tokens"])
 
 
-def powered_audit(powered: pd.DataFrame | None, model: str, sampling, decoder: str, config: dict) -> dict | None:
-    """The latest powered-audit row of `decoder` with exactly these settings on this model and sampling, or None."""
-    if powered is None or powered.empty:
-        return None
-    same = powered[(powered["decoder"] == decoder) & (powered["model"] == model)]
-    if "sampling" in same and isinstance(sampling, str):
-        same = same[same["sampling"] == sampling]
-    same = same[[json.loads(c).get(decoder) == config for c in same["decoder_configs"]]]
-    return same.iloc[-1].to_dict() if len(same) else None
-
-
 def candidate_rows(rows: pd.DataFrame, powered: pd.DataFrame | None = None) -> pd.DataFrame:
     """The run's lossless candidates (every decoder claiming exactness but the references), with their window
     and audit flag (each row carries AR's one-sample p as `tf_control_p`); a matching powered audit's flag
@@ -81,7 +70,7 @@ def candidate_rows(rows: pd.DataFrame, powered: pd.DataFrame | None = None) -> p
     keep["lossless"] = True
     keep["audited_lossless"] = [regime.audited_lossless_flag(r) for r in keep.to_dict("records")]
     sampling = rows["sampling"].iloc[0] if "sampling" in rows else None
-    audits = [powered_audit(powered, r["model"], sampling, r["decoder"], configs[r["decoder"]])
+    audits = [regime.powered_audit(powered, r["model"], sampling, r["decoder"], configs[r["decoder"]])
               for r in keep.to_dict("records")]  # fmt: skip
     keep["powered_p"] = [a["tf_p"] if a else np.nan for a in audits]
     keep["powered_tokens"] = [a["tf_n_tokens"] if a else np.nan for a in audits]

@@ -100,7 +100,7 @@ def render_page(
             lines += [f"`{command}`", ""]
             lines += command_part(page, study, i, results[commands == command], out_dir)
     if any(s.figure == "regime" for s in studies):
-        lines += regime_section(page, results, studies, out_dir, tables_dir or out_dir)
+        lines += regime_section(page, results, studies, out_dir, tables_dir or out_dir, powered)
     calibrations = [c for s in studies if s.figure == "calibration" for c in s.commands]
     if calibrations:
         lines += calibration_section(results, calibrations, pd.read_csv(PUBLISHED))

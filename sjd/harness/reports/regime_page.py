@@ -25,14 +25,19 @@ READING = (
 
 
 def regime_section(
-    page: str, results: pd.DataFrame, studies: list[Study], out_dir: Path, tables_dir: Path
+    page: str,
+    results: pd.DataFrame,
+    studies: list[Study],
+    out_dir: Path,
+    tables_dir: Path,
+    powered: pd.DataFrame | None = None,
 ) -> list[str]:
     """The combined table of every listed command's latest run (also written as <tables_dir>/<page>.csv),
     its figure, the published-ratio anchors per model, and the restated goal (sjd.harness.regime)."""
     runs = latest_runs(results, [c for s in studies for c in s.commands])
     if not runs:
         return ["No regime map yet: no listed command has rows.", ""]
-    table = regime.regime_table(runs)
+    table = regime.regime_table(runs, powered)  # a powered audit decides a decoder's audited_lossless, as elsewhere
     tables_dir.mkdir(parents=True, exist_ok=True)
     table.to_csv(tables_dir / f"{page}.csv", index=False, float_format="%.6g")
     figure = f"{page}.png"
