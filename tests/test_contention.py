@@ -39,3 +39,55 @@ def test_an_unknown_load_is_not_contention_and_the_readings_are_real():
     sum(i * i for i in range(200_000))  # some CPU work between the readings
     load = contention.assess(before, contention.sample(), "cpu")
     assert load["usable_cores"] >= 1 and load["cpu_per_wall"] > 0 and load["load_1min_start"] >= 0
+
+
+def clock_of(others_cores: list[float], own_cores: float = 1.0):
+    """A LoadSampler clock over one-second intervals in which other work keeps `others_cores[i]` cores busy."""
+    state = {"t": 0.0, "busy": 0.0, "own": 0.0, "i": 0}
+
+    def clock():
+        reading = (state["t"], state["busy"], state["own"])
+        i = min(state["i"], len(others_cores) - 1)
+        state["t"] += 1.0
+        state["busy"] += others_cores[i] + own_cores
+        state["own"] += own_cores
+        state["i"] += 1
+        return reading
+
+    return clock
+
+
+def sampled(others_cores: list[float]) -> list[tuple[float, float]]:
+    sampler = contention.LoadSampler(clock=clock_of(others_cores))
+    sampler._last = sampler.clock()
+    for _ in others_cores:
+        sampler.tick()
+    return sampler.samples
+
+
+@pytest.mark.parametrize(
+    ("others", "reliable", "why"),
+    [
+        ([0.05] * 70, True, "a quiet machine: the run's own cores are not other work"),
+        ([0.3] * 70, True, "a steady 0.3 cores of other work, under the limit throughout"),
+        ([0.6] * 70, False, "0.6 cores on average: above half a core, though never near the 2 cores"),
+        ([0.1] * 30 + [1.5] * 12 + [0.1] * 28, False, "a 12 s burst of 1.5 cores mid-run, 0.34 on average"),
+        ([0.1] * 30 + [1.5] * 2 + [0.1] * 38, True, "a 2 s blip: no 10 s window averages over half a core"),
+    ],
+)
+def test_other_work_sampled_during_the_decode_decides_on_both_sides_of_the_limit(others, reliable, why):
+    samples = sampled(others)
+    load = contention.assess(Reading(0.3, 100.0, 5.0), Reading(1.2, 110.0, 15.0), "cpu", 2, samples)
+    assert load["latency_reliable"] is reliable, why
+    assert load["load_samples"] == len(others)
+    assert load["others_cores_mean"] == pytest.approx(sum(others) / len(others))
+    assert load["others_cores_peak"] >= load["others_cores_mean"]
+    if not reliable:
+        assert "other work" in contention.warning(load)
+
+
+def test_the_sampler_reads_the_machine_while_work_runs():
+    with contention.LoadSampler(interval=0.05) as sampler:
+        sum(i * i for i in range(2_000_000))
+    verdict = contention.others_verdict(sampler.samples)
+    assert verdict["load_samples"] >= 2 and verdict["others_cores_mean"] >= 0  # Linux: /proc/stat is readable

@@ -11,6 +11,13 @@ The rule (`contended`): latencies are unreliable when either
 - on a CPU device, the process ran less than MIN_CPU_PER_WALL of the wall time on a core: its
   threads waited for one. (A GPU run's CPU thread may sleep on the device, so there only the load counts.)
 
+Two readings miss a burst in the middle of a long run, and a load average cannot tell this run's threads
+from others'. So a `LoadSampler` also runs beside the decode: every `interval` seconds it reads the
+machine's busy CPU time (/proc/stat) and this process's own (time.process_time), and keeps *other work*
+in cores, (machine busy - own) / wall, per interval. `others_verdict` marks the latencies unreliable when
+other work averaged more than OTHERS_LIMIT cores over the decode, or over any window of WINDOW_S seconds
+or more. Where /proc/stat cannot be read (not Linux), only the two readings count.
+
 A contended run slows AR's many one-token forwards far more than a parallel decoder's few wide
 ones, which inflates the latency speedup; step compression and forward counts are unaffected.
 """
@@ -18,11 +25,20 @@ ones, which inflates the latency speedup; step compression and forward counts ar
 from __future__ import annotations
 
 import os
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
 
 MIN_CPU_PER_WALL = 0.5
-LOAD_COLUMNS = ("load_1min_start", "load_1min_end", "usable_cores", "cpu_per_wall", "latency_reliable")
+OTHERS_LIMIT = 0.5  # cores of other work, on average over the decode or over any WINDOW_S window
+WINDOW_S = 10.0
+SAMPLE_INTERVAL_S = 1.0
+LOAD_COLUMNS = ("load_1min_start", "load_1min_end", "usable_cores", "cpu_per_wall", "latency_reliable",
+                "others_cores_mean", "others_cores_peak", "load_samples")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -53,19 +69,30 @@ def contended(load_start: float, load_end: float, cores: int, cpu_per_wall: floa
     return bool(overloaded or starved)
 
 
-def assess(start: Reading, end: Reading, device: str, cores: int | None = None) -> dict[str, float | int | bool]:
-    """The LOAD_COLUMNS of a decode that ran between the readings `start` and `end`."""
+def assess(
+    start: Reading,
+    end: Reading,
+    device: str,
+    cores: int | None = None,
+    samples: list[tuple[float, float]] | None = None,
+) -> dict[str, float | int | bool]:
+    """The LOAD_COLUMNS of a decode that ran between the readings `start` and `end`, with a LoadSampler's
+    `samples` taken meanwhile."""
     cores = usable_cores() if cores is None else cores
     wall = end.wall_s - start.wall_s
     cpu_per_wall = (end.cpu_s - start.cpu_s) / wall if wall > 0 else float("nan")
     on_cpu = str(device).startswith("cpu")
-    reliable = not contended(start.load_1min, end.load_1min, cores, cpu_per_wall, on_cpu)
+    others = others_verdict(samples or [])
+    reliable = not (
+        contended(start.load_1min, end.load_1min, cores, cpu_per_wall, on_cpu) or others.pop("others_contended")
+    )
     return {
         "load_1min_start": start.load_1min,
         "load_1min_end": end.load_1min,
         "usable_cores": cores,
         "cpu_per_wall": cpu_per_wall,
         "latency_reliable": reliable,
+        **others,
     }
 
 
@@ -76,6 +103,73 @@ def warning(load: dict) -> str:
     return (
         f"latency columns UNRELIABLE: the machine was contended while decoding (1-min load "
         f"{load['load_1min_start']:.2f} before, {load['load_1min_end']:.2f} after, on {load['usable_cores']} "
-        f"usable cores; process CPU time / wall time {load['cpu_per_wall']:.2f}). Step compression and forwards "
+        f"usable cores; process CPU time / wall time {load['cpu_per_wall']:.2f}; other work "
+        f"{load.get('others_cores_mean', np.nan):.2f} cores on average, {load.get('others_cores_peak', np.nan):.2f} "
+        f"at its busiest {WINDOW_S:.0f} s). Step compression and forwards "
         "are unaffected; rerun on a quiet machine to compare latencies."
     )
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine has spent busy since boot (/proc/stat), or NaN where unreadable."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return float("nan")
+    ticks = [int(x) for x in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle and iowait
+    busy = sum(ticks[:8]) - idle  # user nice system idle iowait irq softirq steal (guest is inside user)
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class LoadSampler:
+    """Other work on the machine, in cores, every `interval` seconds while it runs (a daemon thread)."""
+
+    interval: float = SAMPLE_INTERVAL_S
+    clock: Callable[[], tuple[float, float, float]] = field(
+        default=lambda: (time.perf_counter(), machine_busy_s(), time.process_time())
+    )
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (interval's seconds, others' cores)
+
+    def __enter__(self) -> LoadSampler:
+        self._stop = threading.Event()
+        self._last = self.clock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.tick()
+
+    def tick(self) -> None:
+        now = self.clock()
+        wall, busy, own = (b - a for a, b in zip(self._last, now))
+        self._last = now
+        if wall > 0 and np.isfinite(busy):
+            self.samples.append((wall, max(busy - own, 0.0) / wall))
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.tick()  # the last part-interval
+
+
+def others_verdict(samples: list[tuple[float, float]]) -> dict[str, float | int | bool]:
+    """Other work's mean cores over the samples and its peak over any window of WINDOW_S seconds or more
+    (the whole decode when shorter), and whether either exceeds OTHERS_LIMIT."""
+    if not samples:
+        return {"others_cores_mean": float("nan"), "others_cores_peak": float("nan"), "load_samples": 0,
+                "others_contended": False}  # fmt: skip
+    wall = np.array([w for w, _ in samples])
+    busy = np.array([w * c for w, c in samples])  # other work's core-seconds per interval
+    mean = float(busy.sum() / wall.sum())
+    peak = mean
+    for start in range(len(samples)):  # the smallest window of at least WINDOW_S from each start
+        ends = np.cumsum(wall[start:])
+        reach = np.searchsorted(ends, WINDOW_S)
+        if reach < len(ends):
+            peak = max(peak, float(busy[start : start + reach + 1].sum() / ends[reach]))
+    return {"others_cores_mean": mean, "others_cores_peak": peak, "load_samples": len(samples),
+            "others_contended": bool(mean > OTHERS_LIMIT or peak > OTHERS_LIMIT)}  # fmt: skip

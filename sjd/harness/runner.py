@@ -297,8 +297,9 @@ def decode(job: RankJob, sampling: SamplingConfig) -> None:
     info = job.dp.info
     writer = SampleWriter(job.run_dir, shard_file(job.run_dir, info.rank) if info.distributed else None)
     before = contention.sample()
-    decode_prompts(job.cfg, job.adapter, job.decoders, sampling, shard(todo, info), job.done, writer)
-    job.meta |= contention.assess(before, contention.sample(), job.dp.device)  # was the machine busy?
+    with contention.LoadSampler() as others:  # other work on the machine, every second of the decode
+        decode_prompts(job.cfg, job.adapter, job.decoders, sampling, shard(todo, info), job.done, writer)
+    job.meta |= contention.assess(before, contention.sample(), job.dp.device, samples=others.samples)
     job.dp.barrier("every rank has decoded its prompts")
     if info.is_main:  # meta.json gains the machine's load over the decode (latency_reliable)
         (job.run_dir / "meta.json").write_text(json.dumps(job.meta, indent=2, default=str))

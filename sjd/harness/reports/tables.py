@@ -212,7 +212,12 @@ def machine_load(rows: pd.DataFrame) -> str:
         return "machine load not recorded (rerun to learn whether the latencies were contended)"
     first = rows.iloc[0]
     verdict = "latencies reliable" if bool(first["latency_reliable"]) else "latency columns UNRELIABLE: contended"
+    others = ""
+    if "others_cores_mean" in rows and pd.notna(first["others_cores_mean"]):
+        mean, peak, n = first["others_cores_mean"], first["others_cores_peak"], int(first["load_samples"])
+        others = f", other work {mean:.2f} cores on average and {peak:.2f} at its busiest 10 s ({n} samples)"
     return (
         f"machine load: 1-min load {first['load_1min_start']:.2f} before decoding, {first['load_1min_end']:.2f} "
-        f"after, on {int(first['usable_cores'])} usable cores, process CPU/wall {first['cpu_per_wall']:.2f}: {verdict}"
+        f"after, on {int(first['usable_cores'])} usable cores, process CPU/wall {first['cpu_per_wall']:.2f}{others}: "
+        f"{verdict}"
     )
