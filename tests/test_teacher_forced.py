@@ -272,9 +272,10 @@ def test_a_run_audits_its_own_samples_with_ar_as_the_control(compose_cfg, tmp_pa
     summary = run(cfg, tmp_path / "run").set_index("decoder")
     assert summary.loc["ar", "tf_n_images"] == 16 and summary.loc["ar", "tf_n_tokens"] == 16 * 4
     assert (summary["tf_control_p"] == summary.loc["ar", "tf_p"]).all()
-    assert summary.loc["ar", "tf_verdict"] == "pass" and summary.loc["sjd", "tf_p"] > 1e-3
-    # 64 tokens are far fewer than a 0.01 nats/token excess needs: a pass without power is not a pass
-    assert summary.loc["sjd", "tf_verdict"] == "no power"
+    assert summary.loc["ar", "tf_p"] > 1e-3 and summary.loc["sjd", "tf_p"] > 1e-3
+    # 64 tokens are far fewer than a 0.01 nats/token excess needs: a pass without power is not a pass, for the
+    # decoder and for AR, its control, alike
+    assert summary.loc["sjd", "tf_verdict"] == "no power" and summary.loc["ar", "tf_verdict"] == "no power"
     assert summary.loc["sjd", "tf_tokens_needed"] > 64
     written = pd.read_csv(tmp_path / "run" / "summary.csv")
     assert {"tf_p", "tf_z", "tf_verdict", "tf_n_tokens"} <= set(written.columns)

@@ -131,8 +131,9 @@ def teacher_forced_rows(
     rows = []
     for d in decoders:
         row = {**found[d.name], "tf_control_p": control_p}
+        # AR, the control, under the decoders' rule: a pass needs the tokens that give the test power too
         row["tf_verdict"] = verdict(row, control_p, d.lossless) if d.name != cfg.baseline.name else (
-            "pass" if control_p > ALPHA else "paths disagree" if np.isfinite(control_p) else "untested")  # fmt: skip
+            "paths disagree" if control_p <= ALPHA else verdict(row, control_p, True))  # fmt: skip
         rows.append({"decoder": d.name, **row})
     return pd.DataFrame(rows, columns=["decoder", *TF_RUN_COLUMNS])
 
