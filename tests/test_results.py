@@ -66,9 +66,12 @@ def test_a_sample_record_keeps_the_line_format_and_each_rows_share_of_the_decode
     )  # fmt: skip
     writer = SampleWriter(tmp_path)
     for row, prompt in enumerate([Prompt("a", "a cat"), Prompt("b", "a dog")]):
-        writer.write(SampleRecord.of_row(result, row, prompt, 1, 99 + row, "tree", float("nan"), (5.0, "process_rss")))
+        peak = (5.0, "process_rss")
+        record = SampleRecord.of_row(result, row, prompt, 1, 99 + row, "tree", float("nan"), peak, "a#1")
+        writer.write(record)
     first, second = (json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines())
-    assert list(second) == [*SAMPLE_KEYS, "extras"]
+    assert list(second) == [*SAMPLE_KEYS, "extras", "timed_batch"]
+    assert first["timed_batch"] == second["timed_batch"] == "a#1"  # both rows were timed in one batch
     assert second["tokens"] == [4, 5, 6] and second["n_forward"] == 2 and second["accepted"] == [1, 2]
     assert second["n_tokens"] == 3 and second["batch_size"] == 2 and second["seed"] == 100
     assert second["latency_s"] == pytest.approx(0.3) and second["entropy_nats"] is None
