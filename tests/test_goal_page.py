@@ -121,7 +121,9 @@ def test_a_powered_audit_of_the_same_decoder_and_settings_decides_audited_lossle
     text = section(rows, powered_rows("csjd_official", 0.42, window=16))
     assert "Window 16: the best is `csjd_harness` at 2.70 (2.56-2.84) times" in text
     assert (
-        "without power (needs 500000 tokens). The best audited with power is `csjd_official` at 2.10 (1.99-2.21); "
+        "without power (needs 500000 tokens). It was picked among 2 candidates by its point estimate, so the met is "
+        "pending a confirming run of it alone beside the references on fresh prompts and seeds. "
+        "The best audited with power is `csjd_official` at 2.10 (1.99-2.21); "
         "the target is missed (the interval lies below it). Its one-sample p = 0.42 on 458752 tokens in "
         "`experiment=audit_powered_w64`, with power."
     ) in text

@@ -305,4 +305,17 @@ def test_the_regime_page_counts_the_one_sample_audits_of_exact_decoders_across_s
     page = (out / "regime.md").read_text()
     assert "## The one-sample audit at several seeds" in page
     # AR and the three lossless decoders at two seeds: 8 audits, one failing; the lossy decoder does not count
-    assert "| a | 0, 1 | 8 | 7 | 0.0002 | scd_official, seed 0 |" in page
+    assert "| a | 0, 1 | 8 | 7 | 0.0002 | scd_official, window 16, seed 0 |" in page
+
+
+def test_audits_at_other_windows_or_studies_count_as_their_own():
+    """Two runs of one model, seed and decoders at windows 16 and 64 are eight audits, not four."""
+    from sjd.harness.regime import seed_calibration
+
+    decoders = {"sjd_official": 2.0, "sjd_harness": 2.5, "scd_official": 3.0}
+    w16 = pd.DataFrame([r | {"seed": 0} for r in regime_rows("a", 4.5, decoders, {}, {"sjd_harness": 0.002})])
+    w64 = w16.assign(run_dir="a64", experiment="other_study", tf_p=0.5)
+    w64["decoder_configs"] = w64["decoder_configs"].str.replace('"window": 16', '"window": 64')
+    table = seed_calibration([w16, w64]).set_index("model")
+    assert table.loc["a", "audits"] == 8 and table.loc["a", "passing"] == 8
+    assert table.loc["a", "smallest_at"].startswith("sjd_harness, window 16")

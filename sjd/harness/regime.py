@@ -251,30 +251,45 @@ AUDITED_TEXT = (
 )
 
 
+def where_audited(audit: pd.Series) -> str:
+    """`decoder, window W, study S, seed K` of one audit (the parts it records)."""
+    parts = [str(audit["decoder"])]
+    if pd.notna(audit.get("window")):
+        parts.append(f"window {int(audit['window'])}")
+    if isinstance(audit.get("study"), str):
+        parts.append(f"study {audit['study']}")
+    return ", ".join([*parts, f"seed {audit['seed']}"])
+
+
 def seed_calibration(runs: list[pd.DataFrame]) -> pd.DataFrame:
     """The one-sample audit across seeds, per model: over every listed run's AR and lossless-claiming rows
-    with a one-sample p, how many (decoder, seed) audits there were, how many passed at p > TF_ALPHA, and
-    the smallest p with its decoder and seed. Exact samplers give uniform p's, so about TF_ALPHA of the
-    audits fail by chance; many more failures mean the audit (or a decoder) is miscalibrated."""
+    with a one-sample p, how many audits there were (one per run and decoder: each run decoded its own samples,
+    so runs at other windows, in other studies or at other seeds are separate audits), how many passed at
+    p > TF_ALPHA, and the smallest p with its decoder, window, study and seed. Exact samplers give uniform p's,
+    so about TF_ALPHA of the audits fail by chance; many more failures mean the audit (or a decoder) is
+    miscalibrated."""
     rows = []
     for run in runs:
         if "tf_p" not in run:
             continue
         lossless = json.loads(run["decoder_lossless"].iloc[0])
+        configs = json.loads(run["decoder_configs"].iloc[0]) if "decoder_configs" in run else {}
         claims = run["decoder"].isin([d for d, exact in lossless.items() if exact])
         audited = run[claims & run["tf_p"].notna()]
-        rows += [{"model": r["model"], "seed": int(r.get("seed", 0)), "decoder": r["decoder"], "tf_p": float(r["tf_p"])}
+        rows += [{"model": r["model"], "seed": int(r.get("seed", 0)), "decoder": r["decoder"],
+                  "window": configs.get(r["decoder"], {}).get("window"), "study": r.get("experiment"),
+                  "run": r.get("run_dir", id(run)), "tf_p": float(r["tf_p"])}
                  for _, r in audited.iterrows()]  # fmt: skip
     if not rows:
         return pd.DataFrame(columns=["model", "seeds", "audits", "passing", "smallest_p", "smallest_at"])
-    audits = pd.DataFrame(rows).drop_duplicates(["model", "seed", "decoder"], keep="last")
+    audits = pd.DataFrame(rows).drop_duplicates(["run", "decoder"], keep="last")
     out = []
     for model, group in audits.groupby("model", sort=False):
         worst = group.loc[group["tf_p"].idxmin()]
         seeds = ", ".join(str(s) for s in sorted(group["seed"].unique()))
         out.append({"model": model, "seeds": seeds, "audits": len(group),
                     "passing": int((group["tf_p"] > TF_ALPHA).sum()), "smallest_p": float(worst["tf_p"]),
-                    "smallest_at": f"{worst['decoder']}, seed {worst['seed']}"})  # fmt: skip
+                    "smallest_at": where_audited(worst)})  # fmt: skip
     return pd.DataFrame(out)
 
 

@@ -115,9 +115,10 @@ def goal_lines(candidates: pd.DataFrame, window: int, column: str, reference: st
     if at.empty or column not in at or at[column].isna().all():
         return [f"- Window {window}: no lossless candidate whose one-sample audit passes has a ratio to `{reference}`."]
     best = at.loc[at[column].idxmax()]
+    verdict = verdict_of(best, column, target)
     line = (f"- Window {window}: the best is `{best['decoder']}` at {ratio_text(best, column)} times "
-            f"`{reference}`'s step compression; the {target}x target is {verdict_of(best, column, target)}. "
-            f"Its {audit_text(best)}.")  # fmt: skip
+            f"`{reference}`'s step compression; the {target}x target is {verdict}. "
+            f"Its {audit_text(best)}.{selection_caveat(verdict, len(at))}")  # fmt: skip
     audited = at[at["audited_lossless"].apply(lambda flag: flag is True)]
     if best["audited_lossless"] is not True and not audited.empty and audited[column].notna().any():
         top = audited.loc[audited[column].idxmax()]
@@ -138,7 +139,17 @@ def any_window_lines(candidates: pd.DataFrame) -> list[str]:
     verdict = verdict_of(best, column, TARGET_W16)
     return [f"- Any window against `{SJD_REFERENCE}` at window 16 (the target read as SJD's window, not the "
             f"candidate's): the best is `{best['decoder']}` at window {best['window']}, {ratio_text(best, column)} "
-            f"times; the {TARGET_W16}x target is {verdict}. Its {audit_text(best)}."]  # fmt: skip
+            f"times; the {TARGET_W16}x target is {verdict}. Its {audit_text(best)}."
+            f"{selection_caveat(verdict, len(counted))}"]  # fmt: skip
+
+
+def selection_caveat(verdict: str, candidates: int) -> str:
+    """A met of the best of several candidates, picked by its point estimate, is pending: its own interval is too
+    generous for the winner of a selection, so a confirming run on fresh seeds and prompts has to decide it."""
+    if not verdict.startswith("met") or candidates < 2:
+        return ""
+    return (f" It was picked among {candidates} candidates by its point estimate, so the met is pending a "
+            "confirming run of it alone beside the references on fresh prompts and seeds.")  # fmt: skip
 
 
 def ratio_text(row: pd.Series, column: str) -> str:

@@ -56,7 +56,8 @@ def seed_section(calibration: pd.DataFrame) -> list[str]:
         "## The one-sample audit at several seeds",
         "",
         "Every one-sample audit of AR and of a decoder that claims to be lossless, over all the runs above, per "
-        f"model and seed: an exact sampler's p is uniform, so about {regime.TF_ALPHA:g} of them fail at "
+        "model (one audit per run and decoder, whatever its window, study or seed), with the smallest p and where: "
+        f"an exact sampler's p is uniform, so about {regime.TF_ALPHA:g} of them fail at "
         f"p <= {regime.TF_ALPHA:g} by chance, and many more failures would mean a miscalibrated test or a "
         "decoder that is not exact. Passing here says the test does not reject exact samplers too often; "
         "at these sizes it is no evidence of exactness (the power columns above say so).",
