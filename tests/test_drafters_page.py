@@ -8,7 +8,8 @@ import json
 
 import pandas as pd
 
-from sjd.harness.reports.drafters_page import band_verdict, drafters_section, trust_line
+from sjd.harness.reports.calibration_page import band_verdict
+from sjd.harness.reports.drafters_page import drafters_section, trust_line
 from sjd.harness.reports.regime_page import PUBLISHED
 
 COMMAND = "python run.py experiment=drafters"
@@ -68,12 +69,9 @@ def test_eagle_over_sjd_is_read_against_the_published_ratio_with_a_verdict_from_
 
 
 def test_what_the_check_means_follows_its_verdicts():
-    agree = "- `eagle` ... which agrees within 15% (the interval lies inside the band)."
-    crosses = "- `eagle_sampled` ... which is not distinguishable from the 15% band at this size (...)."
-    disagree = "- `eagle_sampled` ... which does not agree within 15% (the interval lies outside the band)."
-    assert trust_line([agree]).startswith("The stand-in carries the published drafter ratio over")
-    assert trust_line([agree, crosses]).startswith("Not distinguishable at this size")
-    assert trust_line([agree, disagree]).startswith("So this stand-in")
+    assert trust_line(["inside"]).startswith("The stand-in carries the published drafter ratio over")
+    assert trust_line(["inside", "crossing"]).startswith("Not distinguishable at this size")
+    assert trust_line(["inside", "outside"]).startswith("So this stand-in")
 
 
 def test_a_met_in_the_selection_run_is_pending_until_a_confirming_run_decides_it():
@@ -95,7 +93,7 @@ def test_the_table_shows_each_candidates_drafter_forwards_and_cost():
 
 
 def test_the_band_verdict_follows_the_interval():
-    assert band_verdict(0.9, 1.1).startswith("agrees")
-    assert band_verdict(1.2, 1.3).startswith("does not agree")
-    assert band_verdict(0.7, 0.8).startswith("does not agree")
-    assert band_verdict(0.8, 0.95).startswith("not distinguishable")
+    """The one rule the calibration page and this page share (calibration_page.band_verdict)."""
+    assert band_verdict(0.9, 1.1, 0.15) == "inside"
+    assert band_verdict(1.2, 1.3, 0.15) == band_verdict(0.7, 0.8, 0.15) == "outside"
+    assert band_verdict(0.8, 0.95, 0.15) == band_verdict(float("nan"), 1.0, 0.15) == "crossing"

@@ -273,9 +273,6 @@ def pick_device(name: str) -> str:
 
 def build(cfg: DictConfig, overrides: list[str]) -> dict:
     """Train the drafter `cfg` describes into `cfg.out` (resuming a killed run) and return its record."""
-    from sjd.harness.provenance import git_hash, versions
-    from sjd.standin.training import FINGERPRINT_TOLERANCE
-
     args = recipe_arguments(cfg)
     validate_arguments(args)
     out = Path(cfg.out)
@@ -308,46 +305,48 @@ def build(cfg: DictConfig, overrides: list[str]) -> dict:
                                   bool(cfg.progress))  # fmt: skip
     fingerprint = probe_fingerprint(adapter, args, prompts)
     measured = measure(net, adapter, args, prompts, int(cfg.measure_images))
+    data_info = {"images": len(data), "rows": sum(len(r) for r in data.images), "seconds": round(data_seconds),
+                 "cached_parts_reused": reused, **captions}  # fmt: skip
+    record = training_record(args, sha, overrides, target, data_sha, data_info, history, fingerprint, measured, device)
+    write_drafter(net, adapter, out, record)
+    print(f"wrote {out}: weights {record['weights_sha'][:16]}, final loss {history[-1]['loss']:.4f}, "
+          f"top-1 agreement {history[-1]['top1']:.3f}, {history[-1]['seconds']:.0f} s training")  # fmt: skip
+    return record
 
-    record = {
-        "recipe": args,
-        "recipe_sha": sha,
-        "command": " ".join(["python", SCRIPT, *overrides]),
-        "overrides": overrides,
-        "target": target,
-        "data_sha": data_sha,
-        "data": {
-            "images": len(data),
-            "rows": sum(len(r) for r in data.images),
-            "seconds": round(data_seconds),
-            "cached_parts_reused": reused,
-            **captions,
-        },
-        "training": {
-            "steps": history[-1]["step"],
-            "seconds": history[-1]["seconds"],
-            "final": history[-1],
-            "log": history,
-        },
-        "probe": {
-            "images": args["probe"]["images"],
-            "steps": args["probe"]["steps"],
-            "fingerprint": fingerprint,
-            "tolerance": FINGERPRINT_TOLERANCE,
-        },
-        "measured": measured,
-        "device": device,
-        "git_hash": git_hash(),
-        "versions": versions(),
-    }
+
+def training_record(
+    args: dict,
+    sha: str,
+    overrides: list[str],
+    target: dict,
+    data_sha: str,
+    data_info: dict,
+    history: list[dict],
+    fingerprint: dict,
+    measured: dict | None,
+    device: str,
+) -> dict:
+    """drafter.json's record (sjd.drafters.recipe says what each part is), before the weights' hash."""
+    from sjd.harness.provenance import git_hash, versions
+    from sjd.standin.training import FINGERPRINT_TOLERANCE
+
+    probe = {"images": args["probe"]["images"], "steps": args["probe"]["steps"], "fingerprint": fingerprint,
+             "tolerance": FINGERPRINT_TOLERANCE}  # fmt: skip
+    training = {"steps": history[-1]["step"], "seconds": history[-1]["seconds"], "final": history[-1], "log": history}
+    return {"recipe": args, "recipe_sha": sha, "command": " ".join(["python", SCRIPT, *overrides]),
+            "overrides": overrides, "target": target, "data_sha": data_sha, "data": data_info, "training": training,
+            "probe": probe, "measured": measured, "device": device, "git_hash": git_hash(),
+            "versions": versions()}  # fmt: skip
+
+
+def write_drafter(net, adapter, out: Path, record: dict) -> None:
+    """The released layout without the frozen embedding, the record with the weights' hash; the resumable
+    training state goes once the drafter is written."""
     save_drafter(net.cpu(), out, drafter_architecture(adapter), record)
     drop_frozen(out)
     record["weights_sha"] = file_sha256(out / WEIGHTS_FILE)
     write_record(out, record)
     (out / STATE_FILE).unlink(missing_ok=True)
-    print(f"wrote {out}: weights {record['weights_sha'][:16]}, final loss {history[-1]['loss']:.4f}, "
-          f"top-1 agreement {history[-1]['top1']:.3f}, {history[-1]['seconds']:.0f} s training")  # fmt: skip
-    return record
 
 
 def train_with_progress(net, head, data, settings, state_path, every, meta, progress) -> list[dict]:

@@ -25,7 +25,13 @@ import numpy as np
 import pandas as pd
 
 from sjd.harness import regime
-from sjd.harness.reports.calibration_page import OURS, published_anchors, run_anchors, verdict_text
+from sjd.harness.reports.calibration_page import (
+    OURS,
+    band_verdict,
+    published_anchors,
+    run_anchors,
+    verdict_text,
+)
 from sjd.harness.reports.goal_page import (
     PAC_REFERENCE,
     POWERED_PAGE,
@@ -49,22 +55,19 @@ CONFIRMING = "drafters_confirm"  # the experiment whose runs confirm a met on fr
 GOAL_WINDOW = 64
 
 
-def band_verdict(lo: float, hi: float) -> str:
-    """Ours over published, against the +-BAND band, from the interval."""
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return "not distinguishable at this size (no interval)"
-    if 1 - BAND <= lo and hi <= 1 + BAND:
-        return f"agrees within {BAND:.0%} (the interval lies inside the band)"
-    if hi < 1 - BAND or lo > 1 + BAND:
-        return f"does not agree within {BAND:.0%} (the interval lies outside the band)"
-    return f"not distinguishable from the {BAND:.0%} band at this size (the interval crosses its edge)"
+BAND_TEXT = {  # calibration_page.band_verdict's three outcomes, as this page says them
+    "inside": f"agrees within {BAND:.0%} (the interval lies inside the band)",
+    "outside": f"does not agree within {BAND:.0%} (the interval lies outside the band)",
+    "crossing": f"is not distinguishable from the {BAND:.0%} band at this size (the interval crosses its edge "
+    "or is missing)",
+}
 
 
 def out_of_sample_lines(rows: pd.DataFrame, published: pd.DataFrame) -> list[str]:
     """`eagle` and `eagle_sampled` over official SJD against the published EAGLE over SJD."""
     theirs = regime.published_ratio(published, PUBLISHED_EAGLE, PUBLISHED_SJD)
     column = f"vs_{SJD_REFERENCE}"
-    lines = []
+    lines, bands = [], []
     for decoder in CHECKED:
         row = rows[rows["decoder"] == decoder]
         if row.empty or column not in row:
@@ -72,28 +75,29 @@ def out_of_sample_lines(rows: pd.DataFrame, published: pd.DataFrame) -> list[str
         r = row.iloc[0]
         ours, lo, hi = r[column], r.get(f"{column}_lo", np.nan), r.get(f"{column}_hi", np.nan)
         share = with_interval(ours / theirs, lo / theirs, hi / theirs, ".2f")
+        bands.append(band_verdict(lo / theirs, hi / theirs, BAND))
         lines.append(
             f"- `{decoder}` over `{SJD_REFERENCE}`: {ratio_text(r, column)}, against the published {theirs:.2f} "
             f"(EAGLE {regime.published_compression(published, PUBLISHED_EAGLE):.2f}x over SJD "
             f"{regime.published_compression(published, PUBLISHED_SJD):.2f}x): {share} of published, which "
-            f"{band_verdict(lo / theirs, hi / theirs)}."
+            f"{BAND_TEXT[bands[-1]]}."
         )
     if not lines:
         return ["- No `eagle` or `eagle_sampled` rows in this run."]
-    return [*lines, "", trust_line(lines)]
+    return [*lines, "", trust_line(bands)]
 
 
-def trust_line(checked: list[str]) -> str:
-    """What the out-of-sample check means for the stand-in's drafter rows, from its verdicts."""
+def trust_line(bands: list[str]) -> str:
+    """What the out-of-sample check means for the stand-in's drafter rows, from its band verdicts."""
     setting = ("The published run's EAGLE version, drafter and tree are not stated; the one public EAGLE for "
                "Lumina-mGPT (LANTERN's) defaults to EAGLE-1's static tree, which `eagle_sampled` runs.")  # fmt: skip
-    if any("does not agree" in line for line in checked):
+    if "outside" in bands:
         return ("So this stand-in, calibrated on self-drafting ratios, does not carry a drafter's ratio over: a "
                 "drafter's acceptance depends on how closely a one-layer drafter can imitate its target, which a "
                 "tiny stand-in and a 7B model need not share. The drafter rows here, and their ratios to the "
                 "self-drafting decoders, are measurements of this stand-in with a drafter of our recipe, not "
                 f"predictions for Lumina-mGPT; a real model's run decides. {setting}")  # fmt: skip
-    if all("agrees within" in line for line in checked):
+    if all(b == "inside" for b in bands):
         return ("The stand-in carries the published drafter ratio over, out of sample: some support for reading "
                 f"its drafter rows as it reads its self-drafting ones. {setting}")  # fmt: skip
     return f"Not distinguishable at this size whether the stand-in carries a drafter's ratio over. {setting}"
