@@ -13,7 +13,7 @@ The rule (`contended`): latencies are unreliable when either
 
 Two readings miss a burst in the middle of a long run, and a load average cannot tell this run's threads
 from others'. So a `LoadSampler` also runs beside the decode: every `interval` seconds it reads the
-machine's busy CPU time (/proc/stat) and this process's own (time.process_time), and keeps *other work*
+busy CPU time of the cores this process may use (/proc/stat) and this process's own (time.process_time), and keeps *other work*
 in cores, (machine busy - own) / wall, per interval. `others_verdict` marks the latencies unreliable when
 other work averaged more than OTHERS_LIMIT cores over the decode, or over any window of WINDOW_S seconds
 or more. Where /proc/stat cannot be read (not Linux), only the two readings count.
@@ -111,14 +111,20 @@ def warning(load: dict) -> str:
 
 
 def machine_busy_s() -> float:
-    """CPU seconds every core of the machine has spent busy since boot (/proc/stat), or NaN where unreadable."""
+    """CPU seconds the cores this process may run on have spent busy since boot (their /proc/stat lines: other
+    work on cores it cannot use does not slow it), or NaN where unreadable."""
     try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        lines = Path("/proc/stat").read_text().splitlines()
     except OSError:
         return float("nan")
-    ticks = [int(x) for x in fields]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle and iowait
-    busy = sum(ticks[:8]) - idle  # user nice system idle iowait irq softirq steal (guest is inside user)
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    busy = 0
+    for line in lines:
+        name, *fields = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit()) or (usable is not None and int(name[3:]) not in usable):
+            continue
+        ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal (guest is in user)
+        busy += sum(ticks) - ticks[3] - ticks[4]
     return busy / os.sysconf("SC_CLK_TCK")
 
 
