@@ -13,8 +13,8 @@ The rule (`contended`): latencies are unreliable when either
 
 Two readings miss a burst in the middle of a long run, and a load average cannot tell this run's threads
 from others'. So a `LoadSampler` also runs beside the decode: every `interval` seconds it reads the
-busy CPU time of the cores this process may use (/proc/stat) and this process's own (time.process_time), and keeps *other work*
-in cores, (machine busy - own) / wall, per interval. `others_verdict` marks the latencies unreliable when
+busy CPU time of the cores this process may use (/proc/stat) and this process's own (time.process_time),
+and keeps *other work* in cores, (busy - own) / wall, per interval. `others_verdict` marks the latencies unreliable when
 other work averaged more than OTHERS_LIMIT cores over the decode, or over any window of WINDOW_S seconds
 or more. Where /proc/stat cannot be read (not Linux), only the two readings count.
 
