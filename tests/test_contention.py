@@ -86,8 +86,12 @@ def test_other_work_sampled_during_the_decode_decides_on_both_sides_of_the_limit
         assert "other work" in contention.warning(load)
 
 
-def test_the_sampler_reads_the_machine_while_work_runs():
+def test_the_sampler_takes_real_readings_while_work_runs():
+    """The thread samples during the work and the readings are real numbers (here /proc/stat is readable, so a
+    NaN reading, which drops the sample, would leave it empty); the attribution of own and other work is tested
+    on the synthetic clock above."""
+    assert math.isfinite(contention.machine_busy_s())
     with contention.LoadSampler(interval=0.05) as sampler:
         sum(i * i for i in range(2_000_000))
     verdict = contention.others_verdict(sampler.samples)
-    assert verdict["load_samples"] >= 2 and verdict["others_cores_mean"] >= 0  # Linux: /proc/stat is readable
+    assert verdict["load_samples"] >= 2 and math.isfinite(verdict["others_cores_mean"])
