@@ -179,3 +179,20 @@ def test_a_decoder_name_two_overlays_share_means_the_same_settings(compose_cfg, 
     shared = sorted(set(mine) & set(theirs))
     assert len(shared) >= 3, shared
     assert {n: mine[n] for n in shared} == {n: theirs[n] for n in shared}
+
+
+def test_an_overlay_names_a_decoder_config_and_changes_only_what_differs(compose_cfg):
+    """`- /decoder@named_decoders.<row>: <name>` in an overlay's defaults builds conf/decoder/<name>.yaml with the
+    overlay's changes, after extra_decoders; a bad setting there is named at start-up with its key."""
+    from sjd.harness.config_check import check_run_config
+    from sjd.harness.runner import build_decoders
+
+    cfg = compose_cfg(["experiment=drafters"])
+    built = {d.name: d for d in build_decoders(cfg)[0]}
+    assert list(built)[-6:] == list(cfg.named_decoders)  # in the overlay's order, after its inline decoders
+    pac = built["csjd_pac_drafter_w64"]
+    assert (pac.continuation, pac.window, pac.branches) == (16, 64, 4)  # conf/decoder/csjd_pac_drafter.yaml
+    assert built["csjd_pac_drafter_c4_w64"].continuation == 4  # the overlay's change
+    bad = compose_cfg(["experiment=drafters", "+named_decoders.csjd_drafter_c16_w64.no_such_setting=1"])
+    with pytest.raises(ValueError, match=r"named_decoders\.csjd_drafter_c16_w64"):
+        check_run_config(bad)

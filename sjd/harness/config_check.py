@@ -2,7 +2,7 @@
 model loads. A bad value is refused naming its config key, what it is, and what was expected.
 
 The expected types come from where the values go: the top-level keys from `RUN_KEYS` below; the
-settings of a `_target_` node (decoder, baseline, extra_decoders, model.adapter, logger) from its
+settings of a `_target_` node (decoder, baseline, extra_decoders, named_decoders, model.adapter, logger) from its
 class's constructor signature; `prompts` from `load_prompt_set`'s and `model.sampling` from
 `SamplingConfig`'s fields. So a new decoder setting is checked as soon as it has a type hint.
 """
@@ -29,6 +29,7 @@ RUN_KEYS: dict[str, tuple[Any, Callable[[Any], bool] | None, str]] = {
     "save_images": (bool, None, ""),
     "grid_prompts": (int, lambda v: v >= 0, ">= 0"),
     "extra_decoders": (list | None, None, ""),
+    "named_decoders": (dict | None, None, ""),
     "experiment_name": (str | int | None, None, ""),
     "results_csv": (str | None, None, ""),
     "dist_timeout_min": (float, lambda v: v > 0, "> 0"),
@@ -166,6 +167,7 @@ def check_run_config(cfg: DictConfig) -> None:
             problems.append(f"{key}={value!r}: must be {rule_text}")
     targets = [("decoder", plain.get("decoder")), ("baseline", plain.get("baseline"))]
     targets += [(f"extra_decoders[{i}]", d) for i, d in enumerate(plain.get("extra_decoders") or [])]
+    targets += [(f"named_decoders.{k}", d) for k, d in (plain.get("named_decoders") or {}).items()]
     targets += [("model.adapter", (plain.get("model") or {}).get("adapter")), ("logger", plain.get("logger"))]
     for key, node in targets:
         if isinstance(node, Mapping) and "_target_" in node:

@@ -100,6 +100,8 @@ def build_decoders(cfg: DictConfig) -> tuple[list[Decoder], str | None]:
     decoders.append(instantiate(cfg.decoder))
     for extra in cfg.get("extra_decoders") or []:
         decoders.append(instantiate(extra))
+    for named in (cfg.get("named_decoders") or {}).values():  # conf/decoder configs an overlay named
+        decoders.append(instantiate(named))
     names = [d.name for d in decoders]
     if len(set(names)) != len(names):
         raise ValueError(f"decoder names must be unique within a run, got {names}")
@@ -120,6 +122,8 @@ def config_fingerprint(cfg: DictConfig) -> str:
               for k in keys}  # fmt: skip
     if seeds_per_prompt(cfg) != 1:  # only then, so a one-seed run keeps the fingerprint it always had
         picked["seeds_per_prompt"] = seeds_per_prompt(cfg)
+    if cfg.get("named_decoders"):  # likewise: a run without them keeps its fingerprint
+        picked["named_decoders"] = OmegaConf.to_container(cfg.named_decoders, resolve=True)
     return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
