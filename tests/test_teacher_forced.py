@@ -15,6 +15,7 @@ from scipy import stats
 from sjd.audit.controls import CONTROLS, make_control
 from sjd.audit.driver import AuditDraws
 from sjd.audit.teacher_forced import (
+    STATISTICS,
     TokenTerms,
     code_grid,
     exactness_statistics,
@@ -101,7 +102,7 @@ def test_forced_positions_are_not_tested_and_nothing_testable_is_nan():
 
 def test_power_is_the_token_count_at_which_z_reaches_its_threshold():
     n = tokens_for_power(2.0)
-    z_needed = stats.norm.isf(1e-3 / 10) + stats.norm.isf(0.2)
+    z_needed = stats.norm.isf(1e-3 / (2 * len(STATISTICS))) + stats.norm.isf(0.2)
     assert n * 0.01 / np.sqrt(n * 2.0) == pytest.approx(z_needed)
     assert tokens_for_power(4.0) == pytest.approx(2 * n) and np.isnan(tokens_for_power(0.0))
 

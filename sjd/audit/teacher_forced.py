@@ -7,7 +7,8 @@ model, then (docs/algorithms.md, "The one-sample audit"):
   ranked by descending p_t (ties by id), V_t uniform and independent of x, makes U_1 .. U_T independent
   and uniform on (0, 1);
 - the surprisal excess d_t = -log p_t(x_t) - H(p_t) has mean 0 given the past and variance
-  Var_t = sum p log^2 p - H^2, so Z = sum d_t / sqrt(sum Var_t) is close to standard normal.
+  Var_t = sum p log^2 p - H^2, so Z = sum d_t / sqrt(sum Var_t) is close to standard normal, and so is
+  the same sum taken over any class of positions (an entropy quartile, a band of image rows).
 
 `teacher_forced_tokens` runs the forwards (batched) and keeps four numbers per position; everything
 after it is a pure function of those numbers. Forced positions (p = 1) carry no information and are
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy import stats
+from scipy import optimize, stats
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs
 from sjd.models.base import ModelAdapter
@@ -29,7 +30,9 @@ from sjd.types import ImageLayout, Logits, Prompt
 
 ALPHA = 1e-3  # a lossless decoder passes when the combined p exceeds this
 POWER_EXCESS = 0.01  # nats per token: the excess the reported power is for
-STATISTICS = ("z", "ks", "row_ks", "lag1", "lag_row")  # the Bonferroni family of the combined p
+# the Bonferroni family of the combined p
+STATISTICS = ("z", "ks", "row_ks", "lag1", "lag_row", "entropy_strata", "position_strata")
+N_STRATA = 4  # entropy quartiles; bands of image rows
 PIT_STREAM = 0x5049_5400  # seeds V_t apart from every stream a decoder draws from the same seed
 
 
@@ -145,6 +148,43 @@ def tokens_for_power(
     return float(var_per_token * (z / excess) ** 2)
 
 
+def tokens_for_split_power(
+    var_per_token: float, excess: float = POWER_EXCESS, alpha: float = ALPHA, power: float = 0.8
+) -> float:
+    """Tokens a strata statistic needs to detect an excess of +`excess` nats a token in some of its classes and
+    -`excess` in the others (a departure whose mean over all tokens can be 0, so Z cannot see it) at combined
+    p < `alpha` with probability `power`: sum_k Z_k^2 is then chi-square with N_STRATA degrees of freedom and
+    noncentrality n excess^2 / var."""
+    if not np.isfinite(var_per_token) or var_per_token <= 0:
+        return float("nan")
+    critical = stats.chi2.isf(alpha / len(STATISTICS), N_STRATA)
+    noncentrality = optimize.brentq(lambda nc: stats.ncx2.sf(critical, N_STRATA, nc) - power, 1e-9, 1e6)
+    return float(var_per_token * noncentrality / excess**2)
+
+
+def strata_test(d: np.ndarray, var: np.ndarray, ok: np.ndarray, label: np.ndarray) -> float:
+    """p of sum_k Z_k^2 against chi-square(K), Z_k the surprisal-excess Z of the tested positions of class k
+    (`label`, broadcast to d's shape; -1 = no class): Z_k are close to independent N(0, 1) for an exact
+    sampler, and an excess of opposite signs in two classes moves both away from 0."""
+    classes = [k for k in np.unique(label[ok]) if k >= 0 and var[ok & (label == k)].sum() > 0]
+    if not classes:
+        return float("nan")
+    z2 = sum(d[ok & (label == k)].sum() ** 2 / var[ok & (label == k)].sum() for k in classes)
+    return float(stats.chi2.sf(z2, len(classes)))
+
+
+def entropy_classes(entropy: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """The entropy quartile of each position, cut at the quartiles of the tested positions' entropies."""
+    cuts = np.quantile(entropy[ok], np.linspace(0, 1, N_STRATA + 1)[1:-1]) if ok.any() else []
+    return np.searchsorted(cuts, entropy, side="right")
+
+
+def position_classes(grid: CodeGrid) -> np.ndarray:
+    """The band of image rows of each position (N_STRATA bands, top to bottom; -1 off the image)."""
+    n_rows = int(grid.row.max()) + 1 if (grid.row >= 0).any() else 1
+    return np.where(grid.row >= 0, grid.row * min(N_STRATA, n_rows) // n_rows, -1)
+
+
 def _row_ks(u: np.ndarray, ok: np.ndarray, row: np.ndarray) -> float:
     """Per code row, a KS test of that row's U (pooled over images) against uniform; Bonferroni over rows."""
     rows = [r for r in np.unique(row[row >= 0]) if ok[:, row == r].any()]
@@ -168,27 +208,32 @@ def exactness_statistics(terms: TokenTerms, uniforms: np.ndarray, grid: CodeGrid
         nan = float("nan")
         return {**out, "tf_z": nan, "tf_excess_nats": nan, "tf_var_nats2": nan, "tf_ks_d": nan, "tf_ks_p": nan,
                 "tf_row_ks_p": nan, "tf_lag1_r": nan, "tf_lag1_p": nan, "tf_lag_row_r": nan, "tf_lag_row_p": nan,
-                "tf_tokens_needed": nan, "tf_p": 0.0 if out["tf_zero_count"] else nan}  # fmt: skip
+                "tf_entropy_strata_p": nan, "tf_position_strata_p": nan, "tf_tokens_needed": nan,
+                "tf_tokens_needed_split": nan, "tf_p": 0.0 if out["tf_zero_count"] else nan}  # fmt: skip
     z = float(d[ok].sum() / np.sqrt(var[ok].sum()))
     ks = stats.kstest(uniforms[ok], "uniform")
     g = stats.norm.ppf(np.clip(uniforms, 1e-300, 1 - 1e-16))
     lag1_r, lag1_p, _ = _lag_correlation(g, ok, 1)
     row_r, row_p, _ = _lag_correlation(g, ok, grid.row_stride)
+    by_entropy, by_band = entropy_classes(terms.entropy, ok), np.broadcast_to(position_classes(grid), d.shape)
     ps = {"z": float(2 * stats.norm.sf(abs(z))), "ks": float(ks.pvalue), "row_ks": _row_ks(uniforms, ok, grid.row),
-          "lag1": lag1_p, "lag_row": row_p}  # fmt: skip
+          "lag1": lag1_p, "lag_row": row_p, "entropy_strata": strata_test(d, var, ok, by_entropy),
+          "position_strata": strata_test(d, var, ok, by_band)}  # fmt: skip
     finite = [p for p in ps.values() if np.isfinite(p)]
     combined = 0.0 if out["tf_zero_count"] else float(min(1.0, min(finite) * len(finite)))
     var_per_token = float(var[ok].mean())
     return {**out, "tf_z": z, "tf_excess_nats": float(d[ok].mean()), "tf_var_nats2": var_per_token,
             "tf_ks_d": float(ks.statistic), "tf_ks_p": ps["ks"], "tf_row_ks_p": ps["row_ks"], "tf_lag1_r": lag1_r,
             "tf_lag1_p": lag1_p, "tf_lag_row_r": row_r, "tf_lag_row_p": row_p,
-            "tf_tokens_needed": tokens_for_power(var_per_token), "tf_p": combined}  # fmt: skip
+            "tf_entropy_strata_p": ps["entropy_strata"], "tf_position_strata_p": ps["position_strata"],
+            "tf_tokens_needed": tokens_for_power(var_per_token),
+            "tf_tokens_needed_split": tokens_for_split_power(var_per_token), "tf_p": combined}  # fmt: skip
 
 
 TF_COLUMNS = [
     "tf_n_images", "tf_n_tokens", "tf_z", "tf_excess_nats", "tf_var_nats2", "tf_ks_d", "tf_ks_p", "tf_row_ks_p",
-    "tf_lag1_r", "tf_lag1_p", "tf_lag_row_r", "tf_lag_row_p", "tf_zero_count", "tf_zero_share", "tf_tokens_needed",
-    "tf_p",
+    "tf_lag1_r", "tf_lag1_p", "tf_lag_row_r", "tf_lag_row_p", "tf_entropy_strata_p", "tf_position_strata_p",
+    "tf_zero_count", "tf_zero_share", "tf_tokens_needed", "tf_tokens_needed_split", "tf_p",
 ]  # fmt: skip
 
 

@@ -246,8 +246,9 @@ AUDITED_TEXT = (
     "`audited_lossless` is true only where the one-sample teacher-forced audit (`audit.teacher_forced`, "
     f"docs/algorithms.md) backs the claim with power: AR's control passes, the decoder passes at p > {TF_ALPHA:g}, "
     "and it tested at least the tokens that detect a 0.01 nats/token excess; `unknown` where no such test ran. "
-    "The power is against a systematic surprisal excess, not every departure: a fault of no predictable sign "
-    "can pass (docs/algorithms.md, the one-sample audit)."
+    "The power is against a systematic surprisal excess (and, on rows with `tokens needed (split)`, one whose "
+    "sign the entropy or the image band sets), not every departure: a fault of no predictable sign can pass "
+    "(docs/algorithms.md, the one-sample audit)."
 )
 
 

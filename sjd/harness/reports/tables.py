@@ -25,6 +25,7 @@ COLUMNS = (
     # the one-sample teacher-forced audit of the run's own samples (audit.teacher_forced)
     ("tf_n_tokens", "tokens audited", "d"),
     ("tf_tokens_needed", "tokens needed", ".0f"),  # for power against a 0.01 nats/token excess
+    ("tf_tokens_needed_split", "tokens needed (split)", ".0f"),  # against +-0.01 split by entropy or image band
     ("tf_excess_nats", "excess nats/token", ".4f"),
     ("tf_ks_d", "KS D", ".3f"),
     ("tf_zero_share", "impossible tokens", ".2%"),
