@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sjd.models.loading import tensors_sha
 from sjd.standin.lumina import build_model, character_tokenizer, save, vocabulary
 from sjd.standin.procedural import ProceduralImages, all_themes, images_of
 from sjd.standin.recipes import ASSETS, DEFAULTS, STANDINS, checkpoint_tensors, read_record, write_record
@@ -43,7 +44,6 @@ from sjd.standin.training import (
     init_llamagen_code_embeddings,
     llamagen_loss,
     lumina_loss,
-    tensors_sha,
     train,
 )
 

@@ -5,7 +5,7 @@ pytest collects the `test_*` methods through the subclasses (`Test...`), never f
 
 - `AdapterContract` (every adapter): cached windows against fresh, uncached logits (CFG rows
   included), ragged truncation and rewinds, `forward_at` (the `custom_mask` capability), greedy AR
-  against the arg-max of fresh guided logits, image decoding, and `code_embeddings`.
+  against the arg-max of fresh guided logits, image decoding, `code_embeddings`, and the weights hash.
 - `DecodersOnAdapterContract`: greedy lossless decoders equal greedy AR, and sampled decoders keep
   the grammar, commit every token once and do not depend on their batch.
 - `LibraryGenerateContract`: greedy AR equals the library's own `generate`.
@@ -31,6 +31,7 @@ from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.base import Decoder, DecodeResult
 from sjd.models.base import ModelAdapter
+from sjd.models.loading import networks_sha
 from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, Prompt
 
 
@@ -212,6 +213,24 @@ class AdapterContract:
         images = self.decode(adapter, tokens)
         assert images.shape == (3, *self.image_size(adapter), 3) and images.dtype == np.uint8
         assert images.std() > 0 and not np.array_equal(images[0], images[1])  # the codes are read
+
+    @torch.no_grad()
+    def test_the_weights_hash_covers_each_network_the_adapter_holds(self, adapter):
+        """Runs record networks_sha(adapter.networks()) as the weights they decoded with: a change to any network's
+        parameters must change it."""
+        networks = adapter.networks()
+        assert networks, "no network found: keep them as attributes or override networks()"
+        before = networks_sha(networks)
+        assert networks_sha(networks) == before
+        for name, net in networks.items():
+            param = next(p for p in net.parameters() if p.numel())
+            kept = param.detach().clone()
+            param.view(-1)[0] += 1.0
+            try:
+                assert networks_sha(networks) != before, name
+            finally:
+                param.copy_(kept)
+        assert networks_sha(networks) == before
 
     def test_code_embeddings_are_the_vq_codebook_at_the_free_ids(self, adapter):
         if CODE_EMBEDDINGS not in adapter.capabilities:

@@ -194,3 +194,30 @@ def test_the_regime_and_goal_pages_agree_on_what_is_audited_with_power():
         assert on_map["csjd_pac_w64"] is expected and on_goal["csjd_pac_w64"] is expected
         assert on_map["csjd_official"] is True and on_goal["csjd_official"] is True
         assert all(on_map[d] == on_goal[d] or (on_map[d] is None and on_goal[d] is None) for d in on_goal.index)
+
+
+def test_a_powered_audit_counts_only_for_the_same_weights():
+    """Audits are matched to runs by the weights each decoded with: the hash of the networks a run loaded where
+    both rows have it, else a stand-in's recorded weights hash, else the model's name (rows of released weights
+    from before runs hashed them)."""
+    from sjd.harness import regime
+
+    loaded = {"weights_sha": json.dumps({"model": "aaaa", "csjd_pac_w64": "dddd"})}
+    run = run_rows().iloc[0].to_dict() | loaded
+    config = {"window": 64}
+
+    def audit_of(**columns) -> dict | None:
+        return regime.powered_audit(powered_rows("csjd_pac_w64", 0.42).assign(**columns), run, "csjd_pac_w64", config)
+
+    assert audit_of(**loaded) is not None
+    assert audit_of(weights_sha=json.dumps({"model": "bbbb", "csjd_pac_w64": "dddd"})) is None  # other model weights
+    assert audit_of(weights_sha=json.dumps({"model": "aaaa", "csjd_pac_w64": "eeee"})) is None  # another drafter
+    assert audit_of(**loaded, model="standin_lumina_768_cal") is not None  # the weights decide, not the name
+    # older rows: the stand-in's recorded hash where both have one, else the name
+    recorded = {"model_training": json.dumps({"weights_sha": "d181"})}
+    old_run = run_rows().iloc[0].to_dict() | recorded
+    old = powered_rows("csjd_pac_w64", 0.42)
+    assert regime.powered_audit(old.assign(**recorded), old_run, "csjd_pac_w64", config) is not None
+    assert regime.powered_audit(old.assign(model_training=json.dumps({"weights_sha": "0000"})), old_run,
+                                "csjd_pac_w64", config) is None  # fmt: skip
+    assert regime.powered_audit(old.assign(**recorded, model="toy"), old_run, "csjd_pac_w64", config) is None

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from sjd.core.sampling import SamplingConfig
 from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
+from sjd.models.loading import tensors_sha
 from sjd.standin import recipes
 from sjd.standin.adapter import StandinLlamaGenAdapter, StandinLuminaAdapter
 from sjd.standin.procedural import ProceduralImages, Theme, all_themes
@@ -31,7 +32,6 @@ from sjd.standin.training import (
     llamagen_code_loss,
     make_batch,
     tensors_fingerprint,
-    tensors_sha,
 )
 from sjd.types import Prompt
 

@@ -180,6 +180,11 @@ class Decoder(ABC):
                 f"{adapter.name!r} does not provide (it has {sorted(adapter.capabilities)})"
             )
 
+    def networks(self, adapter: ModelAdapter) -> dict[str, torch.nn.Module]:
+        """Networks of its own the decoder decodes with (a trained drafter), by role; hashed into every results
+        row beside the model's (`weights_sha`)."""
+        return {}
+
     def config(self) -> dict:
         """The decoder's settings, recorded in every results row."""
         return {k: v for k, v in vars(self).items() if not k.startswith("_")}

@@ -67,6 +67,9 @@ class DrafterContinuation:
         super().check(adapter)
         load_drafter(adapter, self.drafter["weights"])
 
+    def networks(self, adapter: ModelAdapter) -> dict[str, torch.nn.Module]:
+        return {"drafter": load_drafter(adapter, self.drafter["weights"])}
+
     def new_call(self, adapter: ModelAdapter, sampling, generators) -> DraftedCall:
         call = super().new_call(adapter, sampling, generators)
         return DraftedCall(**{f.name: getattr(call, f.name) for f in fields(call)})

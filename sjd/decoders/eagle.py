@@ -78,6 +78,9 @@ class EagleDecoder(Decoder):
         super().check(adapter)
         load_drafter(adapter, self.drafter["weights"])  # a drafter that does not fit fails here, at start-up
 
+    def networks(self, adapter: ModelAdapter) -> dict[str, torch.nn.Module]:
+        return {"drafter": load_drafter(adapter, self.drafter["weights"])}
+
     # -- the loop ---------------------------------------------------------------------------------------
     def generate(
         self,

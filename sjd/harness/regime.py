@@ -27,6 +27,7 @@ bootstrap interval; one between two runs, the delta method on both runs' step_co
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -63,15 +64,39 @@ ANCHORS = [
 ]
 
 
-def powered_audit(powered: pd.DataFrame | None, model: str, sampling, decoder: str, config: dict) -> dict | None:
-    """The latest audit with power (results/studies/audit_powered.csv) of `decoder` with exactly these settings on
-    this model and sampling, or None. The regime, goal and drafters pages all read a decoder's audit through it."""
+def _record(value) -> dict:
+    """A JSON column's dict (a CSV cell or a dict); {} when empty."""
+    if isinstance(value, dict):
+        return value
+    return json.loads(value) if isinstance(value, str) and value.startswith("{") else {}
+
+
+def same_weights(a: Mapping, b: Mapping, decoder: str) -> bool:
+    """Whether two results rows decoded `decoder` with the same weights, by the strongest identity both carry:
+    the hash of the networks each run loaded (`weights_sha`: the model's, and the decoder's drafter's); for rows
+    from before runs hashed them, a stand-in's recorded weights hash (`model_training`); else the model's name."""
+    loaded_a, loaded_b = _record(a.get("weights_sha")), _record(b.get("weights_sha"))
+    if loaded_a and loaded_b:
+        return (loaded_a.get("model"), loaded_a.get(decoder)) == (loaded_b.get("model"), loaded_b.get(decoder))
+    if a.get("model") != b.get("model"):
+        return False
+    recorded_a = _record(a.get("model_training")).get("weights_sha")
+    recorded_b = _record(b.get("model_training")).get("weights_sha")
+    return recorded_a == recorded_b
+
+
+def powered_audit(powered: pd.DataFrame | None, run: Mapping, decoder: str, config: dict) -> dict | None:
+    """The latest audit with power (results/studies/audit_powered.csv) of `decoder` with exactly these settings,
+    the same weights (same_weights) and the same sampling as the run row `run`, or None. The regime, goal and
+    drafters pages all read a decoder's audit through it."""
     if powered is None or powered.empty:
         return None
-    same = powered[(powered["decoder"] == decoder) & (powered["model"] == model)]
+    same = powered[powered["decoder"] == decoder]
+    sampling = run.get("sampling")
     if "sampling" in same and isinstance(sampling, str):
         same = same[same["sampling"] == sampling]
     same = same[[json.loads(c).get(decoder) == config for c in same["decoder_configs"]]]
+    same = same[[same_weights(r, run, decoder) for r in same.to_dict("records")]]
     return same.iloc[-1].to_dict() if len(same) else None
 
 
@@ -109,10 +134,10 @@ def run_table(rows: pd.DataFrame, powered: pd.DataFrame | None = None) -> pd.Dat
     for column in TF_SHOWN:
         table[column] = rows[column].values if column in rows else np.nan
     table["audited_lossless"] = [audited_lossless_flag(r) for r in table.to_dict("records")]
-    sampling = rows["sampling"].iloc[0] if "sampling" in rows else None
+    run = rows.iloc[0].to_dict()  # one model, one set of weights and one sampling a run
     for i, r in table.iterrows():
         config = configs.get(r["decoder"])
-        audit = powered_audit(powered, r["model"], sampling, r["decoder"], config) if r["lossless"] else None
+        audit = powered_audit(powered, run, r["decoder"], config) if r["lossless"] else None
         flag = audited_lossless_flag(audit | {"lossless": True}) if audit else None
         if flag is not None:
             table.at[i, "audited_lossless"] = flag

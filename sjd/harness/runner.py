@@ -71,6 +71,7 @@ from sjd.harness.results import (
     write_summary,
 )
 from sjd.models.base import ModelAdapter
+from sjd.models.loading import networks_sha
 from sjd.types import Prompt
 
 log = logging.getLogger(__name__)
@@ -275,6 +276,7 @@ def run_meta(
     return {
         "model": adapter.name,
         "model_training": adapter.training_record,  # a stand-in's recipe and hashes; None for released weights
+        "weights_sha": weights_sha(adapter, decoders),
         "prompt_set": prompt_set.name,
         "prompt_file_sha256": prompt_set.sha256,
         "prompt_selection": prompt_set.selection,
@@ -293,6 +295,16 @@ def run_meta(
         "command": run_command(),
         "config_fingerprint": config_fingerprint(cfg),
     }
+
+
+def weights_sha(adapter: ModelAdapter, decoders: list[Decoder]) -> dict[str, str]:
+    """The hash of the weights this run decodes with, as loaded: the model's networks (`model`), and each decoder's
+    own (a drafter) under the decoder's name. Pages match audits to runs by it (sjd.harness.regime)."""
+    out = {"model": networks_sha(adapter.networks())}
+    for d in decoders:
+        if own := d.networks(adapter):
+            out[d.name] = networks_sha(own)
+    return out
 
 
 def decode(job: RankJob, sampling: SamplingConfig) -> None:

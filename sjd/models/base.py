@@ -40,6 +40,11 @@ class ModelAdapter(ABC):
     # recipe_sha and weights_sha, scripts/train_standin.py); None for released weights. Runs record it.
     training_record: dict | None = None
 
+    def networks(self) -> dict[str, torch.nn.Module]:
+        """The networks the adapter decodes and renders with, by attribute name (the language model, its image
+        tokenizer, a text encoder): what a run's weights hash covers. Adapters holding them elsewhere override."""
+        return {name: value for name, value in vars(self).items() if isinstance(value, torch.nn.Module)}
+
     @abstractmethod
     def prefill(self, prompts: Sequence[Prompt], with_uncond: bool) -> Logits:
         """Reset the cache, run the prompts (and their unconditional rows when `with_uncond`),

@@ -5,11 +5,13 @@ holds a transformers checkpoint (its config.json and *.safetensors), or a hub id
 is not a local path. Anything else is a missing checkpoint, reported before anything loads with the
 model, the path and the config key to set. `torch_dtype` reads `model.adapter.dtype` the same way
 for every adapter, and `could_not_load` words a failed `from_pretrained` (a hub id not cached while
-offline, an incomplete directory) alike everywhere.
+offline, an incomplete directory) alike everywhere. `tensors_sha` and `networks_sha` name weights by
+their bytes: a run records the hash of the networks it decoded with.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -81,3 +83,20 @@ def as_encoder(tokenizer) -> TextEncoder:
     if callable(tokenizer):
         return tokenizer
     raise TypeError(f"need a tokenizer or a callable str -> ids, got {type(tokenizer).__name__}")
+
+
+def tensors_sha(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 of named tensors (names sorted; dtype, shape and bytes of each): equal only when bit for bit equal."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def networks_sha(networks: dict[str, torch.nn.Module]) -> str:
+    """The first 16 hex digits of tensors_sha over every parameter and buffer of `networks`, as held (after
+    loading, the dtype cast and any tying): the weights a run decoded with, whatever files they came from.
+    On a GPU this copies each tensor to the host once, seconds for a 7B model."""
+    return tensors_sha({f"{name}.{k}": v for name, net in networks.items() for k, v in net.state_dict().items()})[:16]

@@ -130,16 +130,6 @@ def lumina_loss(adapter: LuminaAdapter, images: ProceduralImages, settings: Trai
     return code_loss(adapter, make_batch(adapter, images, settings, step))
 
 
-def tensors_sha(tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 of named tensors (names sorted; dtype, shape and bytes of each): equal only when bit for bit equal."""
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return digest.hexdigest()
-
-
 def train(
     model: torch.nn.Module,
     loss_at,

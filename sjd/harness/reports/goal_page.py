@@ -69,9 +69,8 @@ def candidate_rows(rows: pd.DataFrame, powered: pd.DataFrame | None = None) -> p
     keep["window"] = [forward_width(configs[d]) for d in keep["decoder"]]
     keep["lossless"] = True
     keep["audited_lossless"] = [regime.audited_lossless_flag(r) for r in keep.to_dict("records")]
-    sampling = rows["sampling"].iloc[0] if "sampling" in rows else None
-    audits = [regime.powered_audit(powered, r["model"], sampling, r["decoder"], configs[r["decoder"]])
-              for r in keep.to_dict("records")]  # fmt: skip
+    run = rows.iloc[0].to_dict()  # one model, one set of weights and one sampling a run
+    audits = [regime.powered_audit(powered, run, r["decoder"], configs[r["decoder"]]) for r in keep.to_dict("records")]
     keep["powered_p"] = [a["tf_p"] if a else np.nan for a in audits]
     keep["powered_tokens"] = [a["tf_n_tokens"] if a else np.nan for a in audits]
     keep["powered_experiment"] = [a["experiment"] if a else None for a in audits]
