@@ -10,9 +10,12 @@ import pytest
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
+from sjd.harness.decoder_configs import algorithm_configs, decoder_config, variant_configs
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
-DECODERS = sorted(p.stem for p in (ROOT / "conf" / "decoder").glob("*.yaml"))
+DECODERS = algorithm_configs()
+VARIANTS = variant_configs()
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 
 
@@ -30,6 +33,33 @@ def test_every_model_and_decoder_composes(compose_cfg, model, decoder):
     else:
         d = instantiate(cfg.decoder)
     assert d.name == decoder
+
+
+def test_a_decoder_constructors_defaults_are_its_own_configs():
+    """Defaults live in one place: where a decoder class's default `name` is an algorithm config's, every default of
+    its constructor equals that config's value (a drafter decoder's `drafter` aside: the config reads the model's)."""
+    import inspect
+
+    checked = 0
+    for name in DECODERS:
+        config = OmegaConf.to_container(decoder_config(name))
+        params = inspect.signature(get_class(config["_target_"]).__init__).parameters
+        defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
+        if defaults.get("name") != name:
+            continue
+        checked += 1
+        differ = {k: (v, config.get(k)) for k, v in defaults.items() if k != "drafter" and config.get(k, v) != v}
+        assert not differ, f"{name}: constructor default vs conf/decoder/{name}.yaml: {differ}"
+    assert checked >= 15, checked
+
+
+def test_every_decoder_variant_composes_as_its_algorithm_config_with_its_changes(compose_cfg):
+    """A variant (conf/decoder/<name>.yaml with a defaults list) composes through Hydra as decoder_config composes
+    it for tools, and builds its decoder under its own name."""
+    for name in VARIANTS:
+        cfg = compose_cfg(["model=toy", f"decoder={name}"])
+        assert OmegaConf.to_container(cfg.decoder) == OmegaConf.to_container(decoder_config(name)), name
+        assert "_target_" in cfg.decoder and instantiate(cfg.decoder).name == name
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
@@ -89,7 +119,7 @@ def test_published_rows_of_paper_overlays_enable_no_harness_only_improvement(com
         ("decoder.forced_drafts=true", "forced_drafts=True"),
         ("decoder.schedule=harness", "schedule=harness"),
         ("decoder.verification=block", "verification=block"),
-        ("extra_decoders.0.forced_drafts=true", "forced_drafts=True"),
+        ("named_decoders.jacobi.forced_drafts=true", "forced_drafts=True"),
     ],
 )
 def test_the_overlay_check_catches_a_published_row_with_a_harness_improvement(compose_cfg, override, expected):
@@ -183,13 +213,13 @@ def test_a_decoder_name_two_overlays_share_means_the_same_settings(compose_cfg, 
 
 def test_an_overlay_names_a_decoder_config_and_changes_only_what_differs(compose_cfg):
     """`- /decoder@named_decoders.<row>: <name>` in an overlay's defaults builds conf/decoder/<name>.yaml with the
-    overlay's changes, after extra_decoders; a bad setting there is named at start-up with its key."""
+    overlay's changes, in the overlay's order; a bad setting there is named at start-up with its key."""
     from sjd.harness.config_check import check_run_config
     from sjd.harness.runner import build_decoders
 
     cfg = compose_cfg(["experiment=drafters"])
     built = {d.name: d for d in build_decoders(cfg)[0]}
-    assert list(built)[-6:] == list(cfg.named_decoders)  # in the overlay's order, after its inline decoders
+    assert list(built)[2:] == list(cfg.named_decoders)  # after AR and the run's decoder, in the overlay's order
     pac = built["csjd_pac_drafter_w64"]
     assert (pac.continuation, pac.window, pac.branches) == (16, 64, 4)  # conf/decoder/csjd_pac_drafter.yaml
     assert built["csjd_pac_drafter_c4_w64"].continuation == 4  # the overlay's change

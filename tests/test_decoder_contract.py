@@ -31,13 +31,15 @@ from sjd.core.sampling import SamplingConfig
 from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.base import Decoder, DecodeResult
+from sjd.harness.decoder_configs import algorithm_configs
+from sjd.harness.decoder_configs import decoder_config as load_decoder_config
 from sjd.harness.prompts import load_prompt_file
 from sjd.models.base import ModelAdapter
 from sjd.types import EMBEDS, Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-DECODERS = sorted(p.stem for p in (CONF / "decoder").glob("*.yaml"))
+DECODERS = algorithm_configs()  # a variant is one of these with other settings (sjd/harness/decoder_configs.py)
 MODELS = ("toy", "micro")
 NOISE_AWARE = "{}_sjd2"  # the model variant that has the `embeds` capability
 PROMPTS = {
@@ -52,7 +54,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def decoder_config(name: str, model: str):
     """conf/decoder/<name>.yaml, resolved as the `decoder` node of a run config on `model` (a drafter decoder
     takes the model's shipped drafter, `model.drafter`)."""
-    run = OmegaConf.create({"decoder": OmegaConf.load(CONF / "decoder" / f"{name}.yaml"), "model": model_config(model)})
+    run = OmegaConf.create({"decoder": load_decoder_config(name), "model": model_config(model)})
     return OmegaConf.create(OmegaConf.to_container(run.decoder, resolve=True))
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hydra.utils import instantiate
 
 from sjd.audit.stats import draw_samples, enumerate_images, exact_test, outcome_index, sequence_probabilities
 from sjd.core.relaxed_rules import (
@@ -22,6 +21,7 @@ from sjd.core.seeding import make_generators
 from sjd.core.verify import recursive_rejection, without_replacement_q
 from sjd.decoders.eagle import EagleDecoder
 from sjd.decoders.lantern import LanternDecoder, LanternPPDecoder
+from sjd.harness.runner import build_decoders
 from sjd.models.micro import MicroAdapter
 from sjd.types import CODE_EMBEDDINGS, Prompt
 
@@ -266,7 +266,7 @@ def test_bad_settings_name_their_key(cls, kwargs, names):
 
 def test_the_paper_overlay_pins_lanterns_llamagen_setting(compose_cfg):
     cfg = compose_cfg(["experiment=lantern_llamagen_coco", "decoder.drafter.weights=random"])
-    decoders = {d.name: d for d in [instantiate(cfg.decoder)] + [instantiate(d) for d in cfg.extra_decoders]}
+    decoders = {d.name: d for d in build_decoders(cfg)[0]}
     lantern, eagle = decoders["lantern"], decoders["eagle"]
     assert (lantern.tree, lantern.total_tokens, lantern.depth, lantern.top_k) == ("dynamic", 59, 4, 10)
     assert (lantern.neighbours, lantern.delta, lantern.drafter) == (1000, 0.1, RANDOM)

@@ -262,10 +262,11 @@ def test_inputs_per_token_sums_the_window_inputs_over_the_generated_tokens():
 def test_paper_overlays_run_the_official_schedule_beside_the_harness_one(compose_cfg, table):
     """Rows named as a published method reproduce the paper's schedule; `<name>_harness` rows sit beside them."""
     import pandas as pd
-    from hydra.utils import instantiate
+
+    from sjd.harness.runner import build_decoders
 
     cfg = compose_cfg([f"experiment={table}"])
-    decoders = {d.name: d for d in [instantiate(cfg.decoder)] + [instantiate(d) for d in cfg.extra_decoders]}
+    decoders = {d.name: d for d in build_decoders(cfg)[0]}
     published_csv = Path(__file__).resolve().parents[1] / "results" / "paper" / "published.csv"
     published = set(pd.read_csv(published_csv).query("table == @table")["method"])
     on_sjd_loop = [name for name, d in decoders.items() if hasattr(d, "schedule") and name in published]

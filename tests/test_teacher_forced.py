@@ -26,6 +26,8 @@ from sjd.audit.teacher_forced import (
 from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd import SJDDecoder
+from sjd.harness.decoder_configs import algorithm_configs
+from sjd.harness.decoder_configs import decoder_config as load_decoder_config
 from sjd.models.micro import MicroAdapter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +122,7 @@ def decoder_config(name: str, window: int = 4):
     """conf/decoder/<name>.yaml resolved on the micro model (a drafter decoder takes its `model.drafter`), at
     `window` where the decoder has one."""
     run = OmegaConf.create(
-        {"decoder": OmegaConf.load(ROOT / "conf" / "decoder" / f"{name}.yaml"),
+        {"decoder": load_decoder_config(name),
          "model": OmegaConf.load(ROOT / "conf" / "model" / "micro.yaml")}
     )  # fmt: skip
     cfg = OmegaConf.create(OmegaConf.to_container(run.decoder, resolve=True))
@@ -130,13 +132,13 @@ def decoder_config(name: str, window: int = 4):
 
 
 def lossless_configs() -> list[str]:
-    """Every decoder config that claims to be lossless and runs on the micro model (AR aside): found by
+    """Every algorithm config that claims to be lossless and runs on the micro model (AR aside): found by
     globbing, so a new lossless decoder is audited without editing this file."""
     names = []
-    for path in sorted((ROOT / "conf" / "decoder").glob("*.yaml")):
-        decoder = instantiate(decoder_config(path.stem))
+    for name in algorithm_configs():
+        decoder = instantiate(decoder_config(name))
         if decoder.lossless and not isinstance(decoder, ARDecoder) and decoder.requires <= MicroAdapter.capabilities:
-            names.append(path.stem)
+            names.append(name)
     return names
 
 

@@ -167,7 +167,7 @@ class SJDPACDrafterDecoder(DrafterContinuation, SJDPACDecoder):
         self,
         name: str = "csjd_pac_drafter",
         drafter: dict | None = None,
-        continuation: int = 4,
+        continuation: int = 16,
         window: int = 64,
         init: str = "vertical_dist",
         coupling: str = "maximal",

@@ -1,6 +1,7 @@
 """SJD-PAC: branch drafting (SJD-PAC's proactive drafting, docs/algorithms.md §6) on coupled SJD.
 
-The decoder of `decoder=sjd_pac` (the paper's settings) and `decoder=csjd_tree` (our combination).
+The decoder of `decoder=sjd_pac` (the paper's settings), `decoder=csjd_pac` (our combination: its defaults) and
+`decoder=csjd_tree` (siblings at the first draft only).
 After a rejection, the draft right after the committed residual was drawn given the rejected
 token, and it is accepted with probability sum(min(p, q)) only (experiment=toy_branch counts the
 forwards that commit a single token). So at the first `branch_depth` draft positions the window
@@ -84,8 +85,8 @@ class SJDPACDecoder(CoupledSJDDecoder):
 
     def __init__(
         self,
-        name: str = "csjd_tree",
-        window: int = 16,
+        name: str = "csjd_pac",
+        window: int = 64,
         init: str = "vertical_dist",
         coupling: str = "maximal",
         branches: int = 4,

@@ -37,6 +37,7 @@ from sjd.core.sampling import SamplingConfig
 from sjd.core.seeding import sample_generators
 from sjd.decoders.base import Decoder, DecodeResult
 from sjd.decoders.stages import STAGES
+from sjd.harness.decoder_configs import algorithm_configs, decoder_config
 from sjd.harness.prompts import load_prompt_set
 from sjd.models.base import ModelAdapter
 from sjd.types import Prompt
@@ -67,12 +68,8 @@ class Decode:
 
 
 def decoder_configs(names: Sequence[str] | None = None) -> dict[str, DictConfig]:
-    """name -> conf/decoder/<name>.yaml, all of them or `names` in that order (an unknown one is named)."""
-    found = {p.stem: p for p in sorted((CONF / "decoder").glob("*.yaml"))}
-    unknown = [n for n in names or [] if n not in found]
-    if unknown:
-        raise ValueError(f"no decoder config {unknown} in {CONF / 'decoder'} (there are {sorted(found)})")
-    return {n: OmegaConf.load(found[n]) for n in (names or found)}
+    """name -> conf/decoder/<name>.yaml, every algorithm config or `names` in that order (an unknown one is named)."""
+    return {n: decoder_config(n) for n in (names or algorithm_configs())}
 
 
 def model_config(model: str) -> DictConfig:
