@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from sjd.harness.paper import compare, load_published
 from sjd.harness.results import markdown_table
+from studies.paper import compare, load_published
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """Render the results pages docs/results/<page>.md from the study CSVs results/studies/<page>.csv,
-their index docs/results/README.md, and README.md's headline table (sjd.harness.reports).
+their index docs/results/README.md, and README.md's headline table (studies).
 
     python scripts/results_pages.py [--results results/studies] [--conf conf/experiment] [--out docs/results]
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sjd.harness import reports
+import studies
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,9 +21,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
     ap.add_argument("--readme", type=Path, default=ROOT / "README.md", help="README whose headline block to fill")
     args = ap.parse_args()
-    for path in reports.render_all(args.results, args.conf, args.out, ROOT / "results"):
+    for path in studies.render_all(args.results, args.conf, args.out, ROOT / "results"):
         print(path)
-    args.readme.write_text(reports.with_headline(args.readme.read_text(), reports.render_headline(args.results)))
+    args.readme.write_text(studies.with_headline(args.readme.read_text(), studies.render_headline(args.results)))
     print(args.readme)
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sjd.harness.reports.calibration_page import calibration_section, published_anchors, rebuild_command
-from sjd.harness.reports.regime_page import PUBLISHED
 from sjd.standin.recipes import DEFAULTS
+from studies.calibration_page import calibration_section, published_anchors, rebuild_command
+from studies.regime_page import PUBLISHED
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND = "python run.py experiment=standin_calibration model.adapter.weights=/tmp/standin_cal_x"

@@ -8,9 +8,9 @@ import json
 
 import pandas as pd
 
-from sjd.harness.reports.calibration_page import band_verdict
-from sjd.harness.reports.drafters_page import drafters_section, trust_line
-from sjd.harness.reports.regime_page import PUBLISHED
+from studies.calibration_page import band_verdict
+from studies.drafters_page import drafters_section, trust_line
+from studies.regime_page import PUBLISHED
 
 COMMAND = "python run.py experiment=drafters"
 CONFIRM = "python run.py experiment=drafters_confirm"

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from sjd.harness.reports.goal_page import goal_section, target_verdict
-from sjd.harness.reports.regime_page import PUBLISHED
+from studies.goal_page import goal_section, target_verdict
+from studies.regime_page import PUBLISHED
 
 COMMAND = "python run.py experiment=beyond_sjd_pac"
 # decoder -> (window, step compression, one-sample p); AR's p is the control
@@ -178,8 +178,8 @@ def test_the_window_16_target_is_also_read_against_the_best_candidate_at_any_win
 def test_the_regime_and_goal_pages_agree_on_what_is_audited_with_power():
     """One source of truth: both read a decoder's audit with power through regime.powered_audit, so where one
     matches, the regime map's audited_lossless and the goal page's are the same, passing or failing."""
-    from sjd.harness import regime
-    from sjd.harness.reports.goal_page import candidate_rows
+    from studies import regime
+    from studies.goal_page import candidate_rows
 
     rows = run_rows()
     rows.loc[len(rows)] = rows.loc[rows["decoder"] == "sjd_official"].iloc[0].to_dict() | {"decoder": "sjd_harness"}
@@ -200,7 +200,7 @@ def test_a_powered_audit_counts_only_for_the_same_weights():
     """Audits are matched to runs by the weights each decoded with: the hash of the networks a run loaded where
     both rows have it, else a stand-in's recorded weights hash, else the model's name (rows of released weights
     from before runs hashed them)."""
-    from sjd.harness import regime
+    from studies import regime
 
     loaded = {"weights_sha": json.dumps({"model": "aaaa", "csjd_pac_w64": "dddd"})}
     run = run_rows().iloc[0].to_dict() | loaded

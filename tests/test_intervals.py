@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from sjd.harness import intervals
-from sjd.harness.regime import ratio_interval
 from sjd.harness.results import summarize
+from studies.regime import ratio_interval
 
 
 def rows(decoder: str, forwards: list[float], latencies: list[float], seeds: int = 1) -> list[dict]:
@@ -129,7 +129,7 @@ def test_one_timed_batch_has_no_latency_interval_and_old_lines_are_grouped_by_th
 
 
 def test_pages_say_which_latency_intervals_are_missing_and_why():
-    from sjd.harness.reports.tables import NO_INTERVAL, ONE_BATCH, ONE_PROMPT, interval_cells
+    from studies.tables import NO_INTERVAL, ONE_BATCH, ONE_PROMPT, interval_cells
 
     rows = pd.DataFrame({"decoder": ["a", "b", "c"], "latency_speedup": [2.0, 2.0, 2.0],
                          "latency_speedup_lo": [1.5, np.nan, 2.0], "latency_speedup_hi": [2.5, np.nan, 2.0],

@@ -152,3 +152,14 @@ def test_the_walk_sees_every_form_of_import(tmp_path, source, expected):
 def test_the_cycle_finder_finds_a_cycle_and_passes_a_chain():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_library_never_imports_the_studies():
+    """studies/ (results pages, regime map, paper tables) sits above the library: it reads sjd/, never the reverse."""
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])  # fmt: skip
+            upward += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names if n.split(".")[0] == "studies"]
+    assert not upward, f"sjd/ imports studies/: {upward}"

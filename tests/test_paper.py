@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sjd.harness.paper import compare, load_published
+from studies.paper import compare, load_published
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "results" / "paper" / "published.csv"

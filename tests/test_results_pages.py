@@ -1,4 +1,4 @@
-"""sjd.harness.reports (`make docs`): a page from a small CSV, and every study CSV's page is the one it renders."""
+"""studies (`make docs`): a page from a small CSV, and every study CSV's page is the one it renders."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sjd.harness import reports
-from sjd.harness.reports.tables import interval_cells, with_interval
+import studies as study_pages
+from studies.tables import interval_cells, with_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY_CSVS = sorted((ROOT / "results" / "studies").glob("*.csv"))
@@ -17,7 +17,7 @@ STUDY_CSVS = sorted((ROOT / "results" / "studies").glob("*.csv"))
 
 @pytest.fixture(scope="module")
 def pages():
-    return reports
+    return study_pages
 
 
 OVERLAY = """\
@@ -310,7 +310,7 @@ def test_the_regime_page_counts_the_one_sample_audits_of_exact_decoders_across_s
 
 def test_audits_at_other_windows_or_studies_count_as_their_own():
     """Two runs of one model, seed and decoders at windows 16 and 64 are eight audits, not four."""
-    from sjd.harness.regime import seed_calibration
+    from studies.regime import seed_calibration
 
     decoders = {"sjd_official": 2.0, "sjd_harness": 2.5, "scd_official": 3.0}
     w16 = pd.DataFrame([r | {"seed": 0} for r in regime_rows("a", 4.5, decoders, {}, {"sjd_harness": 0.002})])

@@ -253,8 +253,8 @@ def test_the_model_config_loads_a_checkpoint(saved, compose_cfg):
 
 @pytest.mark.parametrize("experiment, model", [("sjd2_lumina_coco", "lumina"), ("sjd2_emu3_coco", "emu3")])
 def test_sjd2_overlays_match_the_published_rows(compose_cfg, experiment, model):
-    from sjd.harness.paper import load_published
     from sjd.harness.runner import build_decoders
+    from studies.paper import load_published
 
     cfg = compose_cfg([f"experiment={experiment}"])
     assert cfg.model.name == f"{model}_sjd2" and cfg.prompts.name == "coco5k"

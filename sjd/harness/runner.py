@@ -299,7 +299,7 @@ def run_meta(
 
 def weights_sha(adapter: ModelAdapter, decoders: list[Decoder]) -> dict[str, str]:
     """The hash of the weights this run decodes with, as loaded: the model's networks (`model`), and each decoder's
-    own (a drafter) under the decoder's name. Pages match audits to runs by it (sjd.harness.regime)."""
+    own (a drafter) under the decoder's name. Pages match audits to runs by it (studies.regime)."""
     out = {"model": networks_sha(adapter.networks())}
     for d in decoders:
         if own := d.networks(adapter):

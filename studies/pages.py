@@ -11,10 +11,10 @@ index of the pages, and the headline table of README.md (between its `<!-- headl
 (`study.figure`): window (step compression and speedup against the window), quality (FID and CLIP
 against speedup), pareto (speedup against audit distance and FID), accept_hist (tokens committed per
 forward, one panel per decoder). Four study kinds close their page with one section for all their
-commands instead: `regime` (sjd.harness.reports.regime_page), `calibration` (the published-ratio
-anchors of each stand-in tried, sjd.harness.reports.calibration_page), `goal` (the lossless
-candidates against official SJD and SJD-PAC, sjd.harness.reports.goal_page) and `drafters` (the
-trained-drafter decoders, sjd.harness.reports.drafters_page).
+commands instead: `regime` (studies.regime_page), `calibration` (the published-ratio
+anchors of each stand-in tried, studies.calibration_page), `goal` (the lossless
+candidates against official SJD and SJD-PAC, studies.goal_page) and `drafters` (the
+trained-drafter decoders, studies.drafters_page).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from pathlib import Path
 import pandas as pd
 
 from sjd.harness import plots
-from sjd.harness.reports.calibration_page import calibration_section
-from sjd.harness.reports.drafters_page import drafters_section
-from sjd.harness.reports.goal_page import POWERED_PAGE, goal_section
-from sjd.harness.reports.regime_page import PUBLISHED, regime_section
-from sjd.harness.reports.studies import FIGURES, Study, load_studies
-from sjd.harness.reports.tables import INTERVAL_LEGEND, describe_run, key_table, latest_run, markdown
+from studies.calibration_page import calibration_section
+from studies.drafters_page import drafters_section
+from studies.goal_page import POWERED_PAGE, goal_section
+from studies.overlays import FIGURES, Study, load_studies
+from studies.regime_page import PUBLISHED, regime_section
+from studies.tables import INTERVAL_LEGEND, describe_run, key_table, latest_run, markdown
 
 GENERATOR = "python scripts/results_pages.py"
 SECTION_KINDS = ("regime", "calibration", "goal", "drafters")  # studies that close their page with one section

@@ -2,7 +2,7 @@
 
 Input: the latest run of each listed command of a `standin_calibration` study (AR, official-schedule SJD at
 window 16 and SCD and SJD-PAC at window 64, all on the same prompts and seeds). Per run, the three anchors
-of sjd.harness.regime (SJD over AR, SCD over SJD, SJD-PAC over SJD) with their 95% intervals, which here are
+of studies.regime (SJD over AR, SCD over SJD, SJD-PAC over SJD) with their 95% intervals, which here are
 paired bootstraps over the prompts (the three decoders ran in one run), against the published values in
 results/paper/published.csv. The verdict comes from the intervals: a stand-in is calibrated when every anchor's
 interval, as a fraction of the paper's value, lies inside 1 +- TOLERANCE; not calibrated when some anchor's lies
@@ -18,9 +18,9 @@ import shlex
 
 import pandas as pd
 
-from sjd.harness import regime
-from sjd.harness.reports.tables import cell, latest_runs, markdown, with_interval
 from sjd.standin.procedural import RECIPE_DEFAULTS
+from studies import regime
+from studies.tables import cell, latest_runs, markdown, with_interval
 
 TOLERANCE = 0.15
 # anchor name -> (our decoder, its summary column, its interval's columns); the published rows are regime.ANCHORS'

@@ -266,7 +266,7 @@ def goal(
     return {k: best[k] for k in (*keys, *INTERVAL_COLUMNS)} | {"audited": not audited.empty}
 
 
-# -- the page's words on the audit (sjd/harness/reports/regime_page.py) ---------------------------
+# -- the page's words on the audit (studies/regime_page.py) ---------------------------
 AUDITED_TEXT = (
     "`audited_lossless` is true only where the one-sample teacher-forced audit (`audit.teacher_forced`, "
     f"docs/algorithms.md) backs the claim with power: AR's control passes, the decoder passes at p > {TF_ALPHA:g}, "

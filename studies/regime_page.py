@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from sjd.harness import plots, regime
+from sjd.harness import plots
 from sjd.harness.intervals import excludes_one
 from sjd.harness.prompts import resolve_path
-from sjd.harness.reports.studies import Study
-from sjd.harness.reports.tables import NO_INTERVAL, cell, interval_cells, latest_runs, markdown
+from studies import regime
+from studies.overlays import Study
+from studies.tables import NO_INTERVAL, cell, interval_cells, latest_runs, markdown
 
 PUBLISHED = resolve_path("results/paper/published.csv")
 REGIME_SHOWN = (("entropy_nats", ".2f"), ("step_compression", ".2f"), ("inputs_per_token", ".2f"),
@@ -33,7 +34,7 @@ def regime_section(
     powered: pd.DataFrame | None = None,
 ) -> list[str]:
     """The combined table of every listed command's latest run (also written as <tables_dir>/<page>.csv),
-    its figure, the published-ratio anchors per model, and the restated goal (sjd.harness.regime)."""
+    its figure, the published-ratio anchors per model, and the restated goal (studies.regime)."""
     runs = latest_runs(results, [c for s in studies for c in s.commands])
     if not runs:
         return ["No regime map yet: no listed command has rows.", ""]

@@ -4,7 +4,8 @@ pages: render_all, render_headline, with_headline; studies: the `study:` blocks 
 tables: a run's key table and provenance; regime_page: the regime map's combined sections.
 """
 
-from sjd.harness.reports.pages import (
+from studies.overlays import FIGURES, Study, load_studies
+from studies.pages import (
     GENERATOR,
     HEADLINE,
     HEADLINE_MARKERS,
@@ -13,7 +14,6 @@ from sjd.harness.reports.pages import (
     render_page,
     with_headline,
 )
-from sjd.harness.reports.studies import FIGURES, Study, load_studies
 
 __all__ = [
     "FIGURES",

@@ -2,7 +2,7 @@
 
 Input: the latest run of each listed command of a `drafters` study (conf/experiment/drafters.yaml): AR, the
 three decoders the calibration anchors need (official-schedule SJD at window 16, SCD and SJD-PAC at window
-64, named as in sjd.harness.reports.calibration_page), our best self-drafting decoder, and the decoders that
+64, named as in studies.calibration_page), our best self-drafting decoder, and the decoders that
 draft with a trained drafter, all on the same prompts and seeds. Per run:
 
 - whether its stand-in reproduces the published self-drafting ratios (the calibration page's anchors);
@@ -13,7 +13,7 @@ draft with a trained drafter, all on the same prompts and seeds. Per run:
   SJD, against the published EAGLE over SJD on Lumina-mGPT, a ratio that played no part in calibrating the
   stand-ins. A decoder agrees when the interval of ours over published lies within +-15%, disagrees when it
   lies outside, and is not distinguishable at this size otherwise;
-- the goal at window 64 (sjd.harness.reports.goal_page): the best audited lossless candidate at 1.25x
+- the goal at window 64 (studies.goal_page): the best audited lossless candidate at 1.25x
   SJD-PAC's step compression. The best of several candidates is picked by its point estimate, so its own
   interval is too generous for a "met": a met needs the confirming run (`experiment=drafters_confirm`, fresh
   seeds and prompts, the chosen decoder beside the references), whose interval then decides.
@@ -24,15 +24,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sjd.harness import regime
-from sjd.harness.reports.calibration_page import (
+from studies import regime
+from studies.calibration_page import (
     OURS,
     band_verdict,
     published_anchors,
     run_anchors,
     verdict_text,
 )
-from sjd.harness.reports.goal_page import (
+from studies.goal_page import (
     PAC_REFERENCE,
     POWERED_PAGE,
     SJD_REFERENCE,
@@ -45,7 +45,7 @@ from sjd.harness.reports.goal_page import (
     single_code_share,
     verdict_of,
 )
-from sjd.harness.reports.tables import cell, latest_runs, markdown, with_interval
+from studies.tables import cell, latest_runs, markdown, with_interval
 
 PUBLISHED_EAGLE = ("sjd_pac_lumina_coco5k", "eagle")  # the SJD-PAC README's EAGLE row (Lumina-mGPT, MS-COCO)
 PUBLISHED_SJD = ("sjd_pac_lumina_coco5k", "sjd")

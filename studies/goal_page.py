@@ -2,7 +2,7 @@
 
 Input: the latest run of each listed command of a `goal` study (conf/experiment/beyond_sjd_pac.yaml): AR, the
 three decoders the calibration anchors need (official-schedule SJD at window 16, SCD and SJD-PAC at window 64,
-named as in sjd.harness.reports.calibration_page), and candidate lossless decoders at windows 16 and 64, all on
+named as in studies.calibration_page), and candidate lossless decoders at windows 16 and 64, all on
 the same prompts and seeds. Per run:
 
 - whether its stand-in reproduces the published ratios (the calibration page's anchors and 15% verdict);
@@ -11,7 +11,7 @@ the same prompts and seeds. Per run:
 - the goal: a lossless decoder whose one-sample audit passes, at window 16 at least TARGET_W16 times official
   SJD's step compression, and at window 64 at least TARGET_W64 times SJD-PAC's. A target is met when the
   interval lies above it, missed when it lies below, and not distinguishable at this size otherwise; a decoder
-  audited without power is named as such (sjd.harness.regime.audited_lossless_flag);
+  audited without power is named as such (studies.regime.audited_lossless_flag);
 - where the powered audit page (results/studies/audit_powered.csv, experiment=audit_powered and its siblings)
   holds the latest audit of the same decoder (name and settings) on the same model and sampling, that audit's
   verdict decides the candidate's `audited_lossless`: the goal run's own audit is far too small for power;
@@ -31,9 +31,9 @@ import json
 import numpy as np
 import pandas as pd
 
-from sjd.harness import regime
-from sjd.harness.reports.calibration_page import OURS, published_anchors, run_anchors, verdict_text
-from sjd.harness.reports.tables import cell, latest_runs, markdown, with_interval
+from studies import regime
+from studies.calibration_page import OURS, published_anchors, run_anchors, verdict_text
+from studies.tables import cell, latest_runs, markdown, with_interval
 
 SJD_REFERENCE = "sjd_official"  # official-schedule SJD at window 16 (the run's main decoder)
 PAC_REFERENCE = "sjd_pac_official_w64"  # SJD-PAC, official algorithm and settings, window 64
@@ -103,7 +103,7 @@ def audit_text(row: pd.Series) -> str:
 
 
 def passing(candidates: pd.DataFrame) -> pd.DataFrame:
-    """The candidates the goal may name (sjd.harness.regime.counts_for_goal)."""
+    """The candidates the goal may name (studies.regime.counts_for_goal)."""
     return candidates[candidates.apply(regime.counts_for_goal, axis=1).astype(bool)] if len(candidates) else candidates
 
 
