@@ -9,14 +9,16 @@ draft with a trained drafter, all on the same prompts and seeds. Per run:
 - every candidate's step compression over official SJD at window 16 and over SJD-PAC at window 64, with
   their paired intervals over prompts, the drafter forwards it spends per image and the drafter's cost per
   forward relative to the target's in this run, and its one-sample audit;
-- the out-of-sample check: `eagle` (EAGLE-2) and `eagle_sampled` (EAGLE-1's tree and rule) over official
+- the out-of-sample check: the overlay's `study.goal.checked`, `eagle` (EAGLE-2) and `eagle_sampled` (EAGLE-1's
+  tree and rule), over official
   SJD, against the published EAGLE over SJD on Lumina-mGPT, a ratio that played no part in calibrating the
   stand-ins. A decoder agrees when the interval of ours over published lies within +-15%, disagrees when it
   lies outside, and is not distinguishable at this size otherwise;
-- the goal at window 64 (studies.goal_page): the best audited lossless candidate at 1.25x
-  SJD-PAC's step compression. The best of several candidates is picked by its point estimate, so its own
-  interval is too generous for a "met": a met needs the confirming run (`experiment=drafters_confirm`, fresh
-  seeds and prompts, the chosen decoder beside the references), whose interval then decides.
+- the goal at window 64, as the overlay's `study.goal` states it (studies.overlays.Goal): the best audited
+  lossless candidate at its target times SJD-PAC's step compression. The best of several candidates is picked
+  by its point estimate, so its own interval is too generous for a "met": a met needs the confirming run
+  (`study.goal.confirming`: fresh seeds and prompts, the chosen decoder beside the references), whose interval
+  then decides.
 """
 
 from __future__ import annotations
@@ -33,10 +35,7 @@ from studies.calibration_page import (
     verdict_text,
 )
 from studies.goal_page import (
-    PAC_REFERENCE,
     POWERED_PAGE,
-    SJD_REFERENCE,
-    TARGET_W64,
     audit_text,
     candidate_rows,
     passing,
@@ -45,14 +44,12 @@ from studies.goal_page import (
     single_code_share,
     verdict_of,
 )
+from studies.overlays import Goal
 from studies.tables import cell, latest_runs, markdown, with_interval
 
 PUBLISHED_EAGLE = ("sjd_pac_lumina_coco5k", "eagle")  # the SJD-PAC README's EAGLE row (Lumina-mGPT, MS-COCO)
 PUBLISHED_SJD = ("sjd_pac_lumina_coco5k", "sjd")
-CHECKED = ("eagle", "eagle_sampled")  # read against the published EAGLE over SJD
 BAND = 0.15
-CONFIRMING = "drafters_confirm"  # the experiment whose runs confirm a met on fresh seeds and prompts
-GOAL_WINDOW = 64
 
 
 BAND_TEXT = {  # calibration_page.band_verdict's three outcomes, as this page says them
@@ -63,12 +60,14 @@ BAND_TEXT = {  # calibration_page.band_verdict's three outcomes, as this page sa
 }
 
 
-def out_of_sample_lines(rows: pd.DataFrame, published: pd.DataFrame) -> list[str]:
-    """`eagle` and `eagle_sampled` over official SJD against the published EAGLE over SJD."""
+def out_of_sample_lines(rows: pd.DataFrame, published: pd.DataFrame, goal: Goal) -> list[str]:
+    """The goal's `checked` decoders (`eagle`, `eagle_sampled`) over official SJD against the published EAGLE over
+    SJD."""
     theirs = regime.published_ratio(published, PUBLISHED_EAGLE, PUBLISHED_SJD)
-    column = f"vs_{SJD_REFERENCE}"
+    sjd = goal.reference(16)
+    column = f"vs_{sjd}"
     lines, bands = [], []
-    for decoder in CHECKED:
+    for decoder in goal.checked:
         row = rows[rows["decoder"] == decoder]
         if row.empty or column not in row:
             continue
@@ -77,7 +76,7 @@ def out_of_sample_lines(rows: pd.DataFrame, published: pd.DataFrame) -> list[str
         share = with_interval(ours / theirs, lo / theirs, hi / theirs, ".2f")
         bands.append(band_verdict(lo / theirs, hi / theirs, BAND))
         lines.append(
-            f"- `{decoder}` over `{SJD_REFERENCE}`: {ratio_text(r, column)}, against the published {theirs:.2f} "
+            f"- `{decoder}` over `{sjd}`: {ratio_text(r, column)}, against the published {theirs:.2f} "
             f"(EAGLE {regime.published_compression(published, PUBLISHED_EAGLE):.2f}x over SJD "
             f"{regime.published_compression(published, PUBLISHED_SJD):.2f}x): {share} of published, which "
             f"{BAND_TEXT[bands[-1]]}."
@@ -109,9 +108,9 @@ def cost_cells(candidates: pd.DataFrame) -> tuple[list[str], list[str]]:
     return forwards, cost
 
 
-def best_at(candidates: pd.DataFrame, window: int) -> pd.Series | None:
-    """The passing candidate of this forward width with the highest ratio to SJD-PAC, if any."""
-    column = f"vs_{PAC_REFERENCE}"
+def best_at(candidates: pd.DataFrame, window: int, reference: str) -> pd.Series | None:
+    """The passing candidate of this forward width with the highest ratio to `reference`, if any."""
+    column = f"vs_{reference}"
     at = passing(candidates)
     at = at[at["window"] == window] if len(at) else at
     if at.empty or column not in at or at[column].isna().all():
@@ -119,39 +118,52 @@ def best_at(candidates: pd.DataFrame, window: int) -> pd.Series | None:
     return at.loc[at[column].idxmax()]
 
 
-def goal_lines(candidates: pd.DataFrame, confirmations: list[pd.DataFrame]) -> list[str]:
-    """The 1.25x SJD-PAC goal at window 64 in this run, and where it is met, the confirming run's verdict."""
-    column = f"vs_{PAC_REFERENCE}"
-    best = best_at(candidates, GOAL_WINDOW)
+def goal_lines(candidates: pd.DataFrame, confirmations: list[pd.DataFrame], goal: Goal) -> list[str]:
+    """Each of the goal's targets (the 1.25x SJD-PAC goal at window 64) in this run, and where one is met, the
+    confirming run's verdict."""
+    return [line for window, target in sorted(goal.targets.items())
+            for line in target_lines(candidates, confirmations, goal, window, target)]  # fmt: skip
+
+
+def target_lines(
+    candidates: pd.DataFrame, confirmations: list[pd.DataFrame], goal: Goal, window: int, target: float
+) -> list[str]:
+    reference = goal.reference(window)
+    column = f"vs_{reference}"
+    best = best_at(candidates, window, reference)
     if best is None:
-        return [f"- Window {GOAL_WINDOW}: no lossless candidate whose one-sample audit passes has a ratio to "
-                f"`{PAC_REFERENCE}`."]  # fmt: skip
-    verdict = verdict_of(best, column, TARGET_W64)
+        return [f"- Window {window}: no lossless candidate whose one-sample audit passes has a ratio to "
+                f"`{reference}`."]  # fmt: skip
+    verdict = verdict_of(best, column, target)
     spent = cell(best.get("drafter_forwards"), ".1f")
-    line = (f"- Window {GOAL_WINDOW}: the best is `{best['decoder']}` at {ratio_text(best, column)} times "
-            f"`{PAC_REFERENCE}`'s step compression, spending {spent} drafter forwards per image; in this run "
-            f"the {TARGET_W64}x target is {verdict}. Its {audit_text(best)}.")  # fmt: skip
+    line = (f"- Window {window}: the best is `{best['decoder']}` at {ratio_text(best, column)} times "
+            f"`{reference}`'s step compression, spending {spent} drafter forwards per image; in this run "
+            f"the {target}x target is {verdict}. Its {audit_text(best)}.")  # fmt: skip
     if not verdict.startswith("met"):
         return [line]
     confirmed = [c[c["decoder"] == best["decoder"]] for c in confirmations if best["model"] in set(c["model"])]
     confirmed = [c.iloc[0] for c in confirmed if len(c)]
     if not confirmed:
         return [line + " It was picked among several by its point estimate, so the met is pending: no confirming "
-                f"run (`experiment={CONFIRMING}`) of it on this model yet."]  # fmt: skip
+                f"run (`experiment={goal.confirming}`) of it on this model yet."]  # fmt: skip
     again = confirmed[-1]
     return [line + f" Confirming run on fresh seeds and prompts: {ratio_text(again, column)}; the target is "
-            f"{verdict_of(again, column, TARGET_W64)}."]  # fmt: skip
+            f"{verdict_of(again, column, target)}."]  # fmt: skip
 
 
 def run_part(
-    rows: pd.DataFrame, published: pd.DataFrame, confirmations: list[pd.DataFrame], powered: pd.DataFrame | None
+    rows: pd.DataFrame,
+    published: pd.DataFrame,
+    confirmations: list[pd.DataFrame],
+    goal: Goal,
+    powered: pd.DataFrame | None,
 ) -> list[str]:
     anchors = run_anchors(rows, published_anchors(published))
     fractions = ", ".join(f"{name} {with_interval(*anchors[name][3:6], '.2f', anchors['n_captions'])}" for name in OURS)
     lines = [f"### `{anchors['model']}`: {anchors['command']}", "",
              f"Against the published self-drafting ratios (within 15%, from the intervals), this run's stand-in "
              f"{verdict_text(anchors)} (of published: {fractions}).", ""]  # fmt: skip
-    candidates = candidate_rows(rows, powered)
+    candidates = candidate_rows(rows, goal, powered)
     units = rows["n_captions"].iloc[0] if "n_captions" in rows else np.nan
     forwards, cost = cost_cells(candidates)
     table = pd.DataFrame(
@@ -159,8 +171,7 @@ def run_part(
             "decoder": candidates["decoder"],
             "width": candidates["window"],
             "step compression": ratio_cells(candidates, "step_compression", units),
-            f"over {SJD_REFERENCE}": ratio_cells(candidates, f"vs_{SJD_REFERENCE}", units),
-            f"over {PAC_REFERENCE}": ratio_cells(candidates, f"vs_{PAC_REFERENCE}", units),
+            **{f"over {ref}": ratio_cells(candidates, f"vs_{ref}", units) for ref in goal.references.values()},
             "drafter forwards per image": forwards,
             "drafter cost per forward": cost,
             "one-code commits": [cell(single_code_share(h), ".0%") for h in candidates.get("accept_hist", [])],
@@ -173,21 +184,25 @@ def run_part(
         }
     )
     lines += [markdown(table), "", "Against the published EAGLE over SJD (out of sample):", ""]
-    lines += out_of_sample_lines(rows, published)
+    lines += out_of_sample_lines(rows, published, goal)
     lines += ["", "The goal in this run:", ""]
-    lines += goal_lines(candidates, confirmations)
+    lines += goal_lines(candidates, confirmations, goal)
     return [*lines, ""]
 
 
 def drafters_section(
-    results: pd.DataFrame, commands: list[str], published: pd.DataFrame, powered: pd.DataFrame | None = None
+    results: pd.DataFrame,
+    commands: list[str],
+    published: pd.DataFrame,
+    goal: Goal,
+    powered: pd.DataFrame | None = None,
 ) -> list[str]:
     """Per listed command's latest run (the confirming runs among them are read only as confirmations);
     `powered` holds the audits with power (the goal page's), which decide a candidate's `audited_lossless`."""
     runs = latest_runs(results, commands)
     if not runs:
         return ["No drafter runs yet: no listed command has rows.", ""]
-    confirmations = [r for r in runs if CONFIRMING in set(r.get("experiment", pd.Series(dtype=str)))]
+    confirmations = [r for r in runs if goal.confirming in set(r.get("experiment", pd.Series(dtype=str)))]
     lines = [
         "## Trained drafters against the published references",
         "",
@@ -206,5 +221,5 @@ def drafters_section(
     for rows in runs:
         if any(rows is c for c in confirmations):
             continue
-        lines += run_part(rows, published, confirmations, powered)
+        lines += run_part(rows, published, confirmations, goal, powered)
     return lines

@@ -8,8 +8,9 @@ the same prompts and seeds. Per run:
 - whether its stand-in reproduces the published ratios (the calibration page's anchors and 15% verdict);
 - per candidate, step compression over official SJD at window 16 and over official SJD-PAC at window 64, each
   with its paired bootstrap interval over prompts, and its one-sample audit;
-- the goal: a lossless decoder whose one-sample audit passes, at window 16 at least TARGET_W16 times official
-  SJD's step compression, and at window 64 at least TARGET_W64 times SJD-PAC's. A target is met when the
+- the goal, from the overlay's `study.goal` (studies.overlays.Goal): a lossless decoder whose one-sample audit
+  passes, at window 16 at least its target times official SJD's step compression, and at window 64 at least its
+  target times SJD-PAC's. A target is met when the
   interval lies above it, missed when it lies below, and not distinguishable at this size otherwise; a decoder
   audited without power is named as such (studies.regime.audited_lossless_flag);
 - where the powered audit page (results/studies/audit_powered.csv, experiment=audit_powered and its siblings)
@@ -33,11 +34,9 @@ import pandas as pd
 
 from studies import regime
 from studies.calibration_page import OURS, published_anchors, run_anchors, verdict_text
+from studies.overlays import Goal
 from studies.tables import cell, latest_runs, markdown, with_interval
 
-SJD_REFERENCE = "sjd_official"  # official-schedule SJD at window 16 (the run's main decoder)
-PAC_REFERENCE = "sjd_pac_official_w64"  # SJD-PAC, official algorithm and settings, window 64
-TARGET_W16, TARGET_W64 = 2.5, 1.25
 POWERED_PAGE = "audit_powered"  # results/studies/<this>.csv holds the audits with power
 # a powered audit's audited_lossless flag, in words
 POWERED_OUTCOME = {
@@ -45,13 +44,18 @@ POWERED_OUTCOME = {
     False: "rejected",
     None: "without a verdict (AR's control failed or too few tokens)",
 }
-REFERENCES = ("ar", SJD_REFERENCE, *(decoder for decoder, _ in OURS.values()))
-# (heading, summary column) of the ratios each candidate's row shows, with their intervals
-SHOWN_RATIOS = (
-    ("step compression", "step_compression"),
-    (f"over {SJD_REFERENCE}", f"vs_{SJD_REFERENCE}"),
-    (f"over {PAC_REFERENCE}", f"vs_{PAC_REFERENCE}"),
-)
+ANCHOR_DECODERS = tuple(decoder for decoder, _ in OURS.values())  # the calibration anchors' decoders
+
+
+def references(goal: Goal) -> tuple[str, ...]:
+    """The decoders no candidate can be: AR, the goal's references and the calibration anchors' decoders."""
+    return ("ar", *goal.references.values(), *ANCHOR_DECODERS)
+
+
+def shown_ratios(goal: Goal) -> list[tuple[str, str]]:
+    """(heading, summary column) of the ratios each candidate's row shows, with their intervals."""
+    return [("step compression", "step_compression"),
+            *((f"over {ref}", f"vs_{ref}") for _, ref in sorted(goal.references.items()))]  # fmt: skip
 
 
 def forward_width(config: dict) -> int:
@@ -59,13 +63,14 @@ def forward_width(config: dict) -> int:
     return int(config["window"] if "window" in config else config["total_tokens"])
 
 
-def candidate_rows(rows: pd.DataFrame, powered: pd.DataFrame | None = None) -> pd.DataFrame:
+def candidate_rows(rows: pd.DataFrame, goal: Goal, powered: pd.DataFrame | None = None) -> pd.DataFrame:
     """The run's lossless candidates (every decoder claiming exactness but the references), with their window
     and audit flag (each row carries AR's one-sample p as `tf_control_p`); a matching powered audit's flag
     replaces the run's own, and its p, tokens and experiment are kept as `powered_*`."""
     configs = json.loads(rows["decoder_configs"].iloc[0])
     lossless = json.loads(rows["decoder_lossless"].iloc[0])
-    keep = rows[[d not in REFERENCES and bool(lossless.get(d)) for d in rows["decoder"]]].copy()
+    excluded = references(goal)
+    keep = rows[[d not in excluded and bool(lossless.get(d)) for d in rows["decoder"]]].copy()
     keep["window"] = [forward_width(configs[d]) for d in keep["decoder"]]
     keep["lossless"] = True
     keep["audited_lossless"] = [regime.audited_lossless_flag(r) for r in keep.to_dict("records")]
@@ -126,19 +131,20 @@ def goal_lines(candidates: pd.DataFrame, window: int, column: str, reference: st
     return [line]
 
 
-def any_window_lines(candidates: pd.DataFrame) -> list[str]:
+def any_window_lines(candidates: pd.DataFrame, goal: Goal) -> list[str]:
     """The window-16 target against the best passing candidate at any window (when that one is wider than 16)."""
-    column = f"vs_{SJD_REFERENCE}"
+    reference, target = goal.reference(16), goal.targets[16]
+    column = f"vs_{reference}"
     counted = passing(candidates)
     if counted.empty or column not in counted or counted[column].isna().all():
         return []
     best = counted.sort_values(column).iloc[-1]
     if best["window"] == 16:
         return []  # the window-16 line has said it
-    verdict = verdict_of(best, column, TARGET_W16)
-    return [f"- Any window against `{SJD_REFERENCE}` at window 16 (the target read as SJD's window, not the "
+    verdict = verdict_of(best, column, target)
+    return [f"- Any window against `{reference}` at window 16 (the target read as SJD's window, not the "
             f"candidate's): the best is `{best['decoder']}` at window {best['window']}, {ratio_text(best, column)} "
-            f"times; the {TARGET_W16}x target is {verdict}. Its {audit_text(best)}."
+            f"times; the {target}x target is {verdict}. Its {audit_text(best)}."
             f"{selection_caveat(verdict, len(counted))}"]  # fmt: skip
 
 
@@ -159,17 +165,18 @@ def verdict_of(row: pd.Series, column: str, target: float) -> str:
     return target_verdict(row.get(f"{column}_lo", np.nan), row.get(f"{column}_hi", np.nan), target)
 
 
-def wider_lines(candidates: pd.DataFrame) -> list[str]:
+def wider_lines(candidates: pd.DataFrame, goal: Goal) -> list[str]:
     """Whether the window limits: the best passing candidate at each window wider than 64, against the best at 64."""
     counted = passing(candidates)
+    sjd, pac = goal.reference(16), goal.reference(64)
     at64 = counted[counted["window"] == 64]
     lines = []
     for window in sorted(w for w in counted["window"].unique() if w > 64):
         best = counted[counted["window"] == window].sort_values("step_compression").iloc[-1]
         line = (
             f"- Window {window} (is the window the limit?): the best is `{best['decoder']}` at step compression "
-            f"{ratio_text(best, 'step_compression')}, {ratio_text(best, f'vs_{SJD_REFERENCE}')} times "
-            f"`{SJD_REFERENCE}` and {ratio_text(best, f'vs_{PAC_REFERENCE}')} times `{PAC_REFERENCE}`"
+            f"{ratio_text(best, 'step_compression')}, {ratio_text(best, f'vs_{sjd}')} times "
+            f"`{sjd}` and {ratio_text(best, f'vs_{pac}')} times `{pac}`"
         )
         if not at64.empty:
             top = at64.loc[at64["step_compression"].idxmax()]
@@ -193,21 +200,23 @@ def ratio_cells(rows: pd.DataFrame, column: str, units: float) -> list[str]:
             for _, r in rows.iterrows()]  # fmt: skip
 
 
-def run_part(rows: pd.DataFrame, published: dict[str, float], powered: pd.DataFrame | None = None) -> list[str]:
+def run_part(
+    rows: pd.DataFrame, published: dict[str, float], goal: Goal, powered: pd.DataFrame | None = None
+) -> list[str]:
     anchors = run_anchors(rows, published)
     fractions = ", ".join(f"{name} {with_interval(*anchors[name][3:6], '.2f', anchors['n_captions'])}" for name in OURS)
     lines = [f"### `{anchors['model']}`: {anchors['command']}", "",
              f"Against the published ratios (within 15%, from the intervals), this run's stand-in "
              f"{verdict_text(anchors)} (of published: {fractions}).",
              ""]  # fmt: skip
-    candidates = candidate_rows(rows, powered)
+    candidates = candidate_rows(rows, goal, powered)
     units = rows["n_captions"].iloc[0] if "n_captions" in rows else np.nan
     table = pd.DataFrame(
         {
             "decoder": candidates["decoder"],
             "schedule": candidates["schedule"].fillna(""),
             "window": candidates["window"],
-            **{heading: ratio_cells(candidates, column, units) for heading, column in SHOWN_RATIOS},
+            **{heading: ratio_cells(candidates, column, units) for heading, column in shown_ratios(goal)},
             "one-code commits": [
                 cell(single_code_share(h), ".0%")
                 for h in candidates.get("accept_hist", pd.Series(np.nan, candidates.index))
@@ -221,18 +230,24 @@ def run_part(rows: pd.DataFrame, published: dict[str, float], powered: pd.DataFr
         }
     )
     lines += [markdown(table), "", "The goal in this run:", ""]
-    lines += goal_lines(candidates, 16, f"vs_{SJD_REFERENCE}", SJD_REFERENCE, TARGET_W16)
-    lines += goal_lines(candidates, 64, f"vs_{PAC_REFERENCE}", PAC_REFERENCE, TARGET_W64)
-    lines += any_window_lines(candidates)
-    lines += wider_lines(candidates)
+    for window, target in sorted(goal.targets.items()):
+        reference = goal.reference(window)
+        lines += goal_lines(candidates, window, f"vs_{reference}", reference, target)
+    lines += any_window_lines(candidates, goal)
+    lines += wider_lines(candidates, goal)
     return [*lines, ""]
 
 
 def goal_section(
-    results: pd.DataFrame, commands: list[str], published: pd.DataFrame, powered: pd.DataFrame | None = None
+    results: pd.DataFrame,
+    commands: list[str],
+    published: pd.DataFrame,
+    goal: Goal,
+    powered: pd.DataFrame | None = None,
 ) -> list[str]:
-    """Per listed command's latest run: its calibration check, the candidates' table and the goal's verdicts;
-    `powered` holds the audits with power (POWERED_PAGE's rows) that may back a candidate."""
+    """Per listed command's latest run: its calibration check, the candidates' table and the verdicts on `goal`'s
+    targets (its overlay's `study.goal`); `powered` holds the audits with power (POWERED_PAGE's rows) that may
+    back a candidate."""
     runs = latest_runs(results, commands)
     if not runs:
         return ["No goal runs yet: no listed command has rows.", ""]
@@ -240,8 +255,8 @@ def goal_section(
         "## The goal against both references",
         "",
         f"Every lossless candidate's step compression over official-schedule SJD at window 16 (target "
-        f"{TARGET_W16}x at window 16) and over SJD-PAC with its official algorithm and settings at window 64 "
-        f"(target {TARGET_W64}x at window 64). Every decoder ran on the same prompts and seeds, so each interval "
+        f"{goal.targets[16]}x at window 16) and over SJD-PAC with its official algorithm and settings at window 64 "
+        f"(target {goal.targets[64]}x at window 64). Every decoder ran on the same prompts and seeds, so each interval "
         "is a paired bootstrap over prompts. A candidate counts when its one-sample audit passes (p > "
         f"{regime.TF_ALPHA:g}) and AR's control passes; {regime.AUDITED_TEXT} The goal run's own audit is "
         f"far below power; `powered audit p` is the latest audit with power of the same decoder and settings on "
@@ -253,5 +268,5 @@ def goal_section(
     ]
     theirs = published_anchors(published)
     for rows in runs:
-        lines += run_part(rows, theirs, powered)
+        lines += run_part(rows, theirs, goal, powered)
     return lines

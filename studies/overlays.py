@@ -19,6 +19,22 @@ FIGURES = {  # figure -> the columns its rows need
 }
 
 
+@dataclass(frozen=True)
+class Goal:
+    """What a goal page decides, from its overlay's `study.goal` block: at each window, the reference decoder a
+    candidate's step compression is divided by, and the target that ratio must reach (none: the page shows the
+    ratio and decides nothing there). A drafters page also names the decoders it reads against a published ratio
+    (`checked`) and the experiment whose runs confirm a met on fresh prompts and seeds (`confirming`)."""
+
+    references: dict[int, str]
+    targets: dict[int, float]
+    checked: tuple[str, ...] = ()
+    confirming: str | None = None
+
+    def reference(self, window: int) -> str:
+        return self.references[window]
+
+
 @dataclass
 class Study:
     experiment: str
@@ -26,6 +42,22 @@ class Study:
     question: str
     commands: list[str]
     figure: str | None
+    goal: Goal | None = None
+
+
+GOAL_FIGURES = ("goal", "drafters")  # the pages that decide targets: their studies carry `study.goal`
+
+
+def read_goal(block, where: str) -> Goal:
+    """`study.goal` of an overlay: references and targets by window, each target's window with a reference."""
+    goal = OmegaConf.to_container(block) if block is not None else None
+    if not isinstance(goal, dict) or not goal.get("references"):
+        raise ValueError(f"{where}.goal must name its references by window (experiments/README.md)")
+    references = {int(w): str(d) for w, d in goal["references"].items()}
+    targets = {int(w): float(t) for w, t in (goal.get("targets") or {}).items()}
+    if set(targets) - set(references):
+        raise ValueError(f"{where}.goal.targets at windows {sorted(set(targets) - set(references))} have no reference")
+    return Goal(references, targets, tuple(goal.get("checked") or ()), goal.get("confirming"))
 
 
 def load_studies(conf_dir: Path) -> dict[str, list[Study]]:
@@ -46,7 +78,8 @@ def load_studies(conf_dir: Path) -> dict[str, list[Study]]:
         figure = block.get("figure")
         if figure is not None and figure not in FIGURES:
             raise ValueError(f"{where}.figure must be one of {sorted(FIGURES)} or null, got {figure!r}")
+        goal = read_goal(block.get("goal"), where) if figure in GOAL_FIGURES else None
         study = Study(overlay.get("experiment_name", path.stem), block.title, " ".join(block.question.split()),
-                      list(block.commands), figure)  # fmt: skip
+                      list(block.commands), figure, goal)  # fmt: skip
         pages.setdefault(block.page, []).append(study)
     return pages

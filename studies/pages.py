@@ -28,7 +28,7 @@ from sjd.harness import plots
 from studies.calibration_page import calibration_section
 from studies.drafters_page import drafters_section
 from studies.goal_page import POWERED_PAGE, goal_section
-from studies.overlays import FIGURES, Study, load_studies
+from studies.overlays import FIGURES, Goal, Study, load_studies
 from studies.regime_page import PUBLISHED, regime_section
 from studies.tables import INTERVAL_LEGEND, describe_run, key_table, latest_run, markdown
 
@@ -106,11 +106,20 @@ def render_page(
         lines += calibration_section(results, calibrations, pd.read_csv(PUBLISHED))
     goals = [c for s in studies if s.figure == "goal" for c in s.commands]
     if goals:
-        lines += goal_section(results, goals, pd.read_csv(PUBLISHED), powered)
+        lines += goal_section(results, goals, pd.read_csv(PUBLISHED), page_goal(page, studies, "goal"), powered)
     drafters = [c for s in studies if s.figure == "drafters" for c in s.commands]
     if drafters:
-        lines += drafters_section(results, drafters, pd.read_csv(PUBLISHED), powered)
+        goal = page_goal(page, studies, "drafters")
+        lines += drafters_section(results, drafters, pd.read_csv(PUBLISHED), goal, powered)
     return "\n".join(lines)
+
+
+def page_goal(page: str, studies: list[Study], figure: str) -> Goal:
+    """The one goal of a page's `figure` studies: every overlay writing the page states the same `study.goal`."""
+    goals = [s.goal for s in studies if s.figure == figure]
+    if any(g != goals[0] for g in goals):
+        raise ValueError(f"the studies of page {page!r} state different study.goal blocks; they must agree")
+    return goals[0]
 
 
 def render_headline(results_dir: Path) -> str:

@@ -5,12 +5,16 @@ fresh prompts and seeds says so."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 
 from studies.calibration_page import band_verdict
 from studies.drafters_page import drafters_section, trust_line
+from studies.overlays import load_studies
 from studies.regime_page import PUBLISHED
+
+GOAL = load_studies(Path(__file__).resolve().parents[1] / "conf" / "experiment")["drafters"][0].goal
 
 COMMAND = "python run.py experiment=drafters"
 CONFIRM = "python run.py experiment=drafters_confirm"
@@ -55,7 +59,7 @@ def run_rows(command: str = COMMAND, experiment: str = "drafters", spread: float
 
 def section(*runs: pd.DataFrame) -> str:
     commands = [COMMAND, CONFIRM]
-    return "\n".join(drafters_section(pd.concat(runs, ignore_index=True), commands, pd.read_csv(PUBLISHED)))
+    return "\n".join(drafters_section(pd.concat(runs, ignore_index=True), commands, pd.read_csv(PUBLISHED), GOAL))
 
 
 def test_eagle_over_sjd_is_read_against_the_published_ratio_with_a_verdict_from_its_interval():

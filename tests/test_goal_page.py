@@ -5,12 +5,18 @@ whose one-sample audit passes."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from studies.goal_page import goal_section, target_verdict
+from studies.overlays import load_studies
 from studies.regime_page import PUBLISHED
+
+ROOT = Path(__file__).resolve().parents[1]
+GOAL = load_studies(ROOT / "conf" / "experiment")["beyond_sjd_pac"][0].goal  # the overlay's study.goal
 
 COMMAND = "python run.py experiment=beyond_sjd_pac"
 # decoder -> (window, step compression, one-sample p); AR's p is the control
@@ -52,7 +58,7 @@ def run_rows(run_dir: str = "r1", spread: float = 0.05, control_p: float = 0.5) 
 
 
 def section(rows: pd.DataFrame, powered: pd.DataFrame | None = None) -> str:
-    return "\n".join(goal_section(rows, [COMMAND], pd.read_csv(PUBLISHED), powered))
+    return "\n".join(goal_section(rows, [COMMAND], pd.read_csv(PUBLISHED), GOAL, powered))
 
 
 def powered_rows(decoder: str, p: float, window: int = 64, control_p: float = 0.5, tokens: int = 458_752):
@@ -190,7 +196,7 @@ def test_the_regime_and_goal_pages_agree_on_what_is_audited_with_power():
     for p, expected in ((0.42, True), (1e-6, False)):
         powered = pd.concat([powered_rows("csjd_pac_w64", p), powered_rows("csjd_official", 0.42, window=16)])
         on_map = regime.run_table(rows, powered).set_index("decoder")["audited_lossless"]
-        on_goal = candidate_rows(rows, powered).set_index("decoder")["audited_lossless"]
+        on_goal = candidate_rows(rows, GOAL, powered).set_index("decoder")["audited_lossless"]
         assert on_map["csjd_pac_w64"] is expected and on_goal["csjd_pac_w64"] is expected
         assert on_map["csjd_official"] is True and on_goal["csjd_official"] is True
         assert all(on_map[d] == on_goal[d] or (on_map[d] is None and on_goal[d] is None) for d in on_goal.index)
@@ -221,3 +227,19 @@ def test_a_powered_audit_counts_only_for_the_same_weights():
     assert regime.powered_audit(old.assign(model_training=json.dumps({"weights_sha": "0000"})), old_run,
                                 "csjd_pac_w64", config) is None  # fmt: skip
     assert regime.powered_audit(old.assign(**recorded, model="toy"), old_run, "csjd_pac_w64", config) is None
+
+
+def test_the_targets_and_references_are_the_overlays(tmp_path):
+    """The page decides what the overlay's study.goal states: another target gives another verdict, and a goal
+    study without a goal block stops with its key."""
+    import dataclasses
+
+    from studies.overlays import read_goal
+
+    assert GOAL.references == {16: "sjd_official", 64: "sjd_pac_official_w64"} and GOAL.targets == {16: 2.5, 64: 1.25}
+    lower = dataclasses.replace(GOAL, targets={16: 1.5, 64: 1.25})
+    text = "\n".join(goal_section(run_rows(), [COMMAND], pd.read_csv(PUBLISHED), lower))
+    assert "Window 16: the best is `csjd_official` at 2.10 (1.99-2.21) times" in text
+    assert "the 1.5x target is met" in text and "2.5x" not in text
+    with pytest.raises(ValueError, match=r"overlay\.yaml: study\.goal must name its references"):
+        read_goal(None, "overlay.yaml: study")
