@@ -4,12 +4,13 @@ PY    := $(VENV)/bin/python
 # The CPU wheel on this machine. On a GPU machine keep your CUDA build: make TORCH="torch" ...
 TORCH ?= torch==2.13.0
 
-.PHONY: help install run test test-fast bench docs lint format train-toy clean
+.PHONY: help install run test test-fast test-unit bench docs lint format train-toy clean
 
 help:
 	@echo "make run       - default benchmark: toy model, SJD vs AR (installs what it needs)"
 	@echo "make test      - the test suite (installs what it needs)"
-	@echo "make test-fast - the suite without the tests marked slow (audits, end-to-end runs): the edit loop"
+	@echo "make test-unit - the core, the adapter contracts and the decoder contract: the edit loop of minutes"
+	@echo "make test-fast - the suite without the tests marked slow (audits, end-to-end runs)"
 	@echo "make bench     - SJD vs AR on 32 toy prompts, window 16 (rows to outputs/runs.csv)"
 	@echo "make docs      - the results pages docs/results/*.md from results/studies/*.csv"
 	@echo "make train-toy - retrain the shipped toy checkpoint from its seed (~30 min, 2 cores)"
@@ -39,6 +40,11 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"
+
+# The unit tier: the pure functions, every adapter's contract and every decoder's contract (tests/<package>/).
+UNIT := tests/core tests/models tests/decoders/test_decoder_contract.py tests/decoders/test_reference_sjd.py
+test-unit: install
+	$(PY) -m pytest -m "not slow" $(UNIT)
 
 bench: install
 	$(PY) run.py prompts.n=32 decoder.window=16 experiment_name=bench_toy_sjd

@@ -6,7 +6,7 @@
 Prints ratios measured in this run; asserts nothing about time.
 
 1. The pipeline alone: logits -> probabilities plus the finite check on the forward's logits, the
-   implementation it replaced (kept verbatim in tests/test_logits_pipeline.py, loaded from there)
+   implementation it replaced (kept verbatim in tests/core/test_logits_pipeline.py, loaded from there)
    against sjd.core.sampling, on an 8832-id and a 65536-id vocabulary with 8192 free image codes
    (Chameleon's id layout: codes at 4..8195), window 16, top-k 2000, CFG 3, at each batch size.
    Best of `--repeats` calls on random float32 logits, warm-up excluded, in CPU time of one thread

@@ -328,8 +328,8 @@ def power_text(table: pd.DataFrame) -> str:
     return (
         "On the audits: the two-sample per-position test (`audit_p`) at the few samples per caption these runs "
         "afford has almost no power on a high-entropy model (compare `audit_tv` with AR's own `audit_noise_tv`); "
-        f"{carried}. The lossless decoders' exactness is tested by `tests/test_audit.py` (the micro model's "
-        "enumerated output space) and `tests/test_teacher_forced.py` (the one-sample audit's calibration and "
+        f"{carried}. The lossless decoders' exactness is tested by `tests/audit/test_audit.py` (the micro model's "
+        "enumerated output space) and `tests/audit/test_teacher_forced.py` (the one-sample audit's calibration and "
         "negative controls)."
     )
 

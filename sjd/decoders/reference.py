@@ -1,7 +1,7 @@
 """Speculative Jacobi Decoding on one screen: the algorithm of `SJDDecoder`, for one image, in one function.
 
 Read this to learn SJD; read sjd/decoders/sjd.py to see it batched, timed and extended (coupled drafts,
-branches, trained drafters, other schedules and rules). `tests/test_reference_sjd.py` holds `SJDDecoder`
+branches, trained drafters, other schedules and rules). `tests/decoders/test_reference_sjd.py` holds `SJDDecoder`
 (random drafts, the token rule) to this function token for token at fixed seeds, under both schedules.
 It calls only the adapter contract and the pure pieces every decoder shares: the logits pipeline
 (`logits_to_probs`), inverse-CDF sampling (`sample_from`), fresh random drafts and the window rule.

@@ -1,7 +1,7 @@
 """Speculative Jacobi Decoding (Teng et al., ICLR 2025; docs/algorithms.md §4).
 
 To read the algorithm, read sjd/decoders/reference.py: the same SJD for one image in one function, which
-tests/test_reference_sjd.py holds this decoder to, token for token. This file is that loop batched over ragged
+tests/decoders/test_reference_sjd.py holds this decoder to, token for token. This file is that loop batched over ragged
 rows, split into the phases (draft, verify, commit, ...) the other window decoders change.
 
 Each iteration forwards a window [last committed token, d_1 .. d_{L-1}] against the cache,
