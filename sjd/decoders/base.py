@@ -47,11 +47,15 @@ def device_sync(device: torch.device) -> None:
 def check_finite(logits: Logits, model: str, prompt_ids: Sequence[str], step: int) -> None:
     """A NaN or inf logit would silently turn into a wrong token; stop and name where it came from.
 
-    One reduction per branch: a finite float32 sum means every logit is finite (a NaN or inf
-    makes it NaN or inf); only a non-finite sum (or one that overflows) pays for the row scan."""
-    for branch, t in (("conditional", logits.cond), ("unconditional", logits.uncond)):
-        if t is None or bool(torch.isfinite(t.sum(dtype=torch.float32))):
-            continue
+    One reduction over both CFG branches and one read of it (a host sync on a GPU): a finite float32 sum means
+    every logit is finite (a NaN or inf makes it NaN or inf); only a non-finite sum (or one that overflows)
+    pays for the row scan."""
+    named = (("conditional", logits.cond), ("unconditional", logits.uncond))
+    branches = [(name, t) for name, t in named if t is not None]
+    total = sum(t.sum(dtype=torch.float32) for _, t in branches)
+    if bool(torch.isfinite(total)):
+        return
+    for branch, t in branches:
         bad = (~torch.isfinite(t)).flatten(1).any(1)
         if bool(bad.any()):
             rows = [prompt_ids[i] if i < len(prompt_ids) else str(i) for i in bad.nonzero().flatten().tolist()]

@@ -58,6 +58,7 @@ SCRIPT_ARGS = {  # arguments appended to a script at tiny size (hydra overrides,
     "audit.py": ["n_samples=300"],
     "bench_bookkeeping.py": ["--model", "toy", "--prompts", "1", "--decoders", "ar,sjd", "--windows", "16",
                              "--batches", "1"],
+    "count_syncs.py": ["--model", "toy", "--decoders", "ar,sjd", "--windows", "16", "--batches", "1"],
 }  # fmt: skip
 VENV = ".venv"  # the Makefile's VENV
 MAKE_STEPS = ("make run", "make test")  # what readme_venv stands in for
@@ -108,7 +109,7 @@ REGISTRY = [
           "tests/harness/test_configs.py::test_a_sweep_through_the_submitit_local_launcher_is_collected",
           ("collect_sweep.py",)),
     Entry(r"python run\.py( .*)?", "run"),  # any toy run: defaults, overrides, experiments, --multirun sweeps
-    Entry(r"python scripts/(paper_tables|audit|bench_bookkeeping)\.py( .*)?", "script"),
+    Entry(r"python scripts/(paper_tables|audit|bench_bookkeeping|count_syncs)\.py( .*)?", "script"),
 ]  # fmt: skip
 
 EXAMPLES = [

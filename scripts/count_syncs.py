@@ -1,0 +1,73 @@
+"""Host syncs and operator calls per decoder iteration, counted on the CPU (sjd/harness/syncs.py).
+
+    python scripts/count_syncs.py [--model toy] [--decoders ar,sjd,...] [--windows 16,64] [--batches 1,8]
+                                  [--out results/syncs.csv]
+
+For every decoder of conf/decoder/ (or `--decoders`) at each window and batch size, one decode of the model's
+first prompts under a SyncCounter: syncs per iteration in the decoder, in the logits pipeline and in the model
+forward, the decoder's sync sites with what each is for, and operator calls outside the forward (kernel
+launches on a GPU). Counts, not times: the same on any machine for the same code and seeds. Writes the table
+with its provenance (model, command, git hash, torch) to `--out` when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import shlex
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from sjd.core.seeding import make_generators
+from sjd.harness.bookkeeping import build_model, decoder_configs, entrants, model_config, prompt_batches
+from sjd.harness.provenance import git_hash
+from sjd.harness.results import markdown_table
+from sjd.harness.syncs import count_decode, report_row, sync_purposes
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="toy", help="a conf/model/ config")
+    ap.add_argument("--decoders", default=None, help="comma-separated conf/decoder/ names (default: every one)")
+    ap.add_argument("--windows", type=ints, default=[16, 64])
+    ap.add_argument("--batches", type=ints, default=[1, 8])
+    ap.add_argument("--out", type=Path, default=None, help="write the table here (results/syncs.csv is ours)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    adapter, sampling = build_model(args.model)
+    names = args.decoders.split(",") if args.decoders else None
+    windows = [w for w in args.windows if w <= adapter.layout.n_tokens]
+    field = entrants(decoder_configs(names), adapter, windows, print, model_config(args.model))
+    rows = []
+    for batch in args.batches:
+        (group,) = prompt_batches(args.model, 1, batch)
+        prompts = [p for p, _ in group]
+        for e in field:
+            gens = make_generators(0, [p.prompt_id for p in prompts], adapter.device)
+            decode = functools.partial(e.decoder.generate, adapter, prompts, sampling, gens)
+            with torch.no_grad():
+                counts = count_decode(decode, adapter, e.decoder.networks(adapter))
+            rows.append({"decoder": e.name, "window": e.window, "batch": batch, **report_row([counts])})
+            print(f"{e.name} window {e.window} batch {batch}: {rows[-1]['decoder_syncs_per_iter']:.2f} syncs/iter")
+    table = pd.DataFrame(rows)
+    table["decoder_sync_purposes"] = [sync_purposes(s) for s in table["decoder_sync_sites"]]
+    table = table.assign(model=args.model, command=shlex.join(["python", *sys.argv]), git_hash=git_hash(),
+                         torch=torch.__version__)  # fmt: skip
+    shown = ["decoder", "window", "batch", "decoder_syncs_per_iter", "pipeline_syncs_per_iter",
+             "forward_syncs_per_iter", "ops_outside_forward_per_iter"]  # fmt: skip
+    print(markdown_table(table[shown].round(2)))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out, index=False)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""What would stall a GPU: host syncs and operator calls per decoder iteration, counted on the CPU.
+
+On a GPU a decoder iteration is fast only when the host never waits for the device: every `.item()`,
+`.tolist()`, `bool(t)`, `nonzero`, boolean-mask indexing, `torch.equal` or copy to the host of a tensor on
+the device blocks until the device has caught up, and every operator call outside the model forward is a
+kernel launch. Here everything runs on the CPU, so `SyncCounter` (a torch function mode) tracks which tensors
+*would* live on the device, and counts what is done with them:
+
+- device tensors: the parameters and buffers of the adapter's networks and of a decoder's own (a drafter),
+  every tensor a factory makes with an explicit `device=` (what a decoder allocates on `adapter.device`),
+  and every output of an operator with a device tensor among its inputs. A tensor built on the host
+  (`torch.tensor(list)` without a device) is a host tensor, and reading it stalls nothing.
+- a sync: one of SYNC_FUNCTIONS on a device tensor, or indexing one with a boolean mask. Each is counted
+  where it happens: in the model forward (the adapter's own methods), in the logits pipeline
+  (sjd.core.sampling.logits_to_probs), or in the decoder, with the innermost sjd/ line that asked for it.
+- an operator call outside the forward: any torch function producing a device tensor while no adapter
+  method runs: a kernel launch on a GPU, before any compile fuses them.
+
+Iterations are the decode loop's forwards (the prefill excluded). `scripts/count_syncs.py` prints the report
+for every decoder; it asserts nothing, and only counts (times nothing).
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from sjd.models.base import ModelAdapter
+
+SYNC_FUNCTIONS = {
+    torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__,
+    torch.Tensor.__index__, torch.Tensor.nonzero, torch.nonzero, torch.Tensor.cpu, torch.Tensor.numpy,
+    torch.equal, torch.allclose, torch.Tensor.allclose, torch.unique, torch.Tensor.unique, torch.masked_select,
+    torch.Tensor.masked_select, torch.Tensor.repeat_interleave, torch.repeat_interleave, torch.argwhere,
+}  # fmt: skip
+ADAPTER_METHODS = ("prefill", "forward", "forward_at", "forward_embeds", "truncate", "keep_slots", "head")
+PIPELINE = ("sampling.py", "logits_to_probs")
+SJD_ROOT = Path(__file__).resolve().parents[1]
+MARK = "_would_be_on_device"
+
+
+@dataclass
+class Counts:
+    """What one decode did with device tensors."""
+
+    syncs: Counter = field(default_factory=Counter)  # (where, site) -> count; where: forward | pipeline | decoder
+    ops_outside_forward: int = 0
+    forwards: int = 0
+
+
+class SyncCounter(TorchFunctionMode):
+    """Counts syncs on device tensors and device operator calls outside the forward (module docstring)."""
+
+    def __init__(self, device_tensors: Sequence[torch.Tensor]) -> None:
+        super().__init__()
+        self.starting = list(device_tensors)
+        self.counts = Counts()
+        self.in_forward = 0
+
+    @staticmethod
+    def is_device(x) -> bool:
+        return isinstance(x, torch.Tensor) and getattr(x, MARK, False)
+
+    @staticmethod
+    def mark(x: torch.Tensor) -> None:
+        setattr(x, MARK, True)  # a plain attribute of the tensor object: identity, not value, decides
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = [a for a in _flat((args, kwargs)) if isinstance(a, torch.Tensor)]
+        on_device = any(self.is_device(a) for a in inputs)
+        if on_device and (func in SYNC_FUNCTIONS or _boolean_index(func, args)):
+            self.counts.syncs[self.site(func)] += 1
+        out = func(*args, **kwargs)
+        made_here = kwargs.get("device") is not None or (func in (torch.Tensor.to,) and _to_a_device(args, kwargs))
+        if on_device or made_here:
+            produced = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
+            for o in produced:
+                self.mark(o)
+            if produced and not self.in_forward:
+                self.counts.ops_outside_forward += 1
+        return out
+
+    def site(self, func) -> tuple[str, str]:
+        """(where, `file:line function`) of the innermost sjd/ frame that asked for a sync."""
+        if self.in_forward:
+            where = "forward"
+        else:
+            where = "decoder"
+        frames = [f for f in traceback.extract_stack()[:-2] if f.filename.startswith(str(SJD_ROOT))]
+        frames = [f for f in frames if not f.filename.endswith("syncs.py")]
+        if any(f.filename.endswith(PIPELINE[0]) and f.name == PIPELINE[1] for f in frames) and not self.in_forward:
+            where = "pipeline"
+        top = frames[-1] if frames else None
+        name = getattr(func, "__name__", str(func))
+        at = f"{Path(top.filename).relative_to(SJD_ROOT.parent)}:{top.lineno} {top.name}" if top else "?"
+        return where, f"{name} at {at}"
+
+    @contextmanager
+    def watching(self, adapter: ModelAdapter) -> Iterator[None]:
+        """Mark the adapter's methods as the model forward while this counter is active (and count forwards)."""
+        saved = {}
+        for name in ADAPTER_METHODS:
+            method = getattr(adapter, name, None)
+            if method is None:
+                continue
+            saved[name] = adapter.__dict__.get(name)
+            setattr(adapter, name, self._wrap(method, count=name in ("forward", "forward_at", "forward_embeds")))
+        for t in self.starting:
+            self.mark(t)
+        try:
+            with self:
+                yield
+        finally:
+            for t in self.starting:  # the networks keep no trace of the count
+                delattr(t, MARK)
+            for name, old in saved.items():
+                if old is None:
+                    delattr(adapter, name)
+                else:
+                    setattr(adapter, name, old)
+
+    def _wrap(self, method: Callable, count: bool) -> Callable:
+        @functools.wraps(method)
+        def inside(*args, **kwargs):
+            self.in_forward += 1
+            self.counts.forwards += count and self.in_forward == 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.in_forward -= 1
+
+        return inside
+
+
+def _flat(x) -> Iterator:
+    if isinstance(x, (list, tuple)):
+        for item in x:
+            yield from _flat(item)
+    elif isinstance(x, dict):
+        for item in x.values():
+            yield from _flat(item)
+    elif hasattr(x, "__dataclass_fields__"):  # Logits and friends
+        for name in x.__dataclass_fields__:
+            yield from _flat(getattr(x, name))
+    else:
+        yield x
+
+
+def _boolean_index(func, args) -> bool:
+    """Indexing with a boolean mask: the result's size is known only on the device (assigning through one is not
+    a sync: the mask selects in place)."""
+    if func is not torch.Tensor.__getitem__ or len(args) < 2:
+        return False
+    index = args[1] if isinstance(args[1], tuple) else (args[1],)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
+
+
+def _to_a_device(args, kwargs) -> bool:
+    """`t.to(device)` / `t.to(other)` moves a host tensor to the device (not a dtype-only cast)."""
+    target = kwargs.get("device", args[1] if len(args) > 1 else None)
+    return isinstance(target, (torch.device, str)) and str(target) != "cpu" or isinstance(target, torch.Tensor)
+
+
+def device_tensors(adapter: ModelAdapter, networks: dict[str, torch.nn.Module]) -> list[torch.Tensor]:
+    """The tensors that start on the device: every parameter and buffer of the adapter's and the decoder's nets."""
+    nets = {**adapter.networks(), **networks}
+    return [t for net in nets.values() for t in (*net.parameters(), *net.buffers())]
+
+
+def count_decode(decode: Callable[[], object], adapter: ModelAdapter, networks: dict) -> Counts:
+    """Run `decode()` (one generate call) under a fresh SyncCounter and return what it counted."""
+    counter = SyncCounter(device_tensors(adapter, networks))
+    with counter.watching(adapter):
+        decode()
+    return counter.counts
+
+
+def report_row(counts: list[Counts]) -> dict:
+    """Per iteration (the decode loop's forwards, the prefill excluded) over several decodes of one setting."""
+    iterations = max(1, sum(c.forwards for c in counts))
+    by_where = Counter()
+    sites = Counter()
+    for c in counts:
+        for (where, site), n in c.syncs.items():
+            by_where[where] += n
+            if where == "decoder":
+                sites[site] += n
+    return {
+        "iterations": iterations,
+        "decoder_syncs_per_iter": by_where["decoder"] / iterations,
+        "pipeline_syncs_per_iter": by_where["pipeline"] / iterations,
+        "forward_syncs_per_iter": by_where["forward"] / iterations,
+        "ops_outside_forward_per_iter": sum(c.ops_outside_forward for c in counts) / iterations,
+        "decoder_sync_sites": "; ".join(f"{s} x{n / iterations:.2f}" for s, n in sites.most_common(4)),
+    }
+
+
+# What each decoder-side sync site is for, by the function that asks for it: the report's answer to "why more
+# than one a step". The one a window decoder needs is reading how many drafts each row accepted.
+PURPOSES = {
+    "commit": "reads the accepted lengths: the one sync a window decoder needs",
+    "check_finite": "the NaN/inf guard on each forward's logits (one reduction, one read): names the forward and "
+    "prompt where a model went non-finite",
+    "finish": "copies the finished tokens to the host, once a decode",
+    "generate": "the decoder's own loop reads a per-row count on the host",
+    "plan_row": "SJD-PAC's branch plan reads per-row probabilities on the host",
+    "build_window": "SJD-PAC's window layout is built on the host from per-row counts",
+}
+
+
+def sync_purposes(sites: str) -> str:
+    """The purpose of each reported site (`name at file:line function xN`), where PURPOSES knows its function."""
+    out = []
+    for site in filter(None, (s.strip() for s in str(sites).split(";"))):
+        function = site.split(" x")[0].rsplit(" ", 1)[-1]
+        out.append(f"{function}: {PURPOSES.get(function, 'not yet explained')}")
+    return "; ".join(dict.fromkeys(out))

@@ -1,0 +1,45 @@
+"""The sync counter (sjd/harness/syncs.py): what it counts as a host sync, and the counts of SJD and AR on the toy."""
+
+import torch
+
+from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
+from sjd.decoders.ar import ARDecoder
+from sjd.decoders.sjd import SJDDecoder
+from sjd.harness.prompts import load_prompt_file
+from sjd.harness.syncs import SyncCounter, count_decode, report_row, sync_purposes
+
+PROMPTS = load_prompt_file("sjd/assets/prompts/toy.tsv")[:2]
+
+
+def test_reads_of_device_tensors_are_syncs_and_reads_of_host_tensors_are_not():
+    weight = torch.randn(4, 4)
+    counter = SyncCounter([weight])
+    with counter:
+        x = weight @ torch.ones(4, device="cpu")  # a device weight times a device vector: on the device
+        host = torch.tensor([1, 2, 3])  # built on the host: reading it stalls nothing
+        x.sum().item()
+        host.tolist()
+        int(host[0])
+        _ = x[x > 0]  # a boolean mask: the result's size is known only on the device
+        x[x > 0] = 0.0  # assigning through a mask is not
+        n = len(x.tolist())
+    where = {site.split(" at ")[0]: count for (_, site), count in counter.counts.syncs.items()}
+    assert where == {"item": 1, "__getitem__": 1, "tolist": 1} and n == 4
+    assert counter.counts.ops_outside_forward > 0 and not hasattr(weight, "_would_be_on_device")
+
+
+def test_sjd_on_the_toy_reads_the_accepted_lengths_once_an_iteration_and_nothing_in_the_pipeline(toy):
+    sampling_cfg = SamplingConfig(cfg_scale=3.0)
+    gens = make_generators(0, [p.prompt_id for p in PROMPTS], toy.device)
+    with torch.no_grad():
+        counts = count_decode(lambda: SJDDecoder(window=16).generate(toy, PROMPTS, sampling_cfg, gens), toy, {})
+    row = report_row([counts])
+    commits = sum(n for (where, site), n in counts.syncs.items() if "commit" in site)
+    assert commits == counts.forwards == row["iterations"]  # one read of the accepted lengths a forward
+    assert row["pipeline_syncs_per_iter"] == 0 and row["forward_syncs_per_iter"] == 0
+    assert "commit: reads the accepted lengths" in sync_purposes(row["decoder_sync_sites"])
+    gens = make_generators(0, [p.prompt_id for p in PROMPTS], toy.device)
+    with torch.no_grad():
+        ar = report_row([count_decode(lambda: ARDecoder().generate(toy, PROMPTS, sampling_cfg, gens), toy, {})])
+    assert 1 <= ar["decoder_syncs_per_iter"] < 1.1  # the NaN/inf guard a forward, and the result's copy once
