@@ -149,11 +149,14 @@ def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF sampling: probs [..., V], uniforms [...] in [0, 1) -> ids [...].
 
     Zero-probability ids are never returned: the target is kept strictly below the CDF's
-    total, so rounding at the top cannot fall through to a masked id at the end."""
+    total, so rounding at the top cannot fall through to a masked id at the end. The clamp changes nothing
+    for finite probs; for NaN ones (a model gone non-finite, caught when the decoder next reads a count on
+    the host: sjd.decoders.base.ForwardClock.read) it keeps the id in range, so nothing indexes past the
+    vocabulary on the device before that read."""
     cdf = probs.cumsum(-1)
     total = cdf[..., -1:]
     target = torch.minimum(uniforms.unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
 
 
 def sample_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:

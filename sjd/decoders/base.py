@@ -65,11 +65,25 @@ def check_finite(logits: Logits, model: str, prompt_ids: Sequence[str], step: in
             )
 
 
+def finite_rows(logits: Logits) -> torch.Tensor:
+    """[B] bool, on the device: whether every logit of each row, in both CFG branches, is finite (one reduction
+    a row; a NaN or inf makes the sum NaN or inf)."""
+    total = logits.cond.flatten(1).sum(1, dtype=torch.float32)
+    if logits.uncond is not None:
+        total = total + logits.uncond.flatten(1).sum(1, dtype=torch.float32)
+    return torch.isfinite(total)
+
+
 class ForwardClock:
     """Counts and times the model calls of one generate(), so decoder bookkeeping is visible.
 
     On a GPU each call is synchronised (decoders sync once per forward anyway to read the
-    number of accepted tokens), so the split between model and bookkeeping time is honest."""
+    number of accepted tokens), so the split between model and bookkeeping time is honest.
+
+    Every forward's logits are checked for NaN/inf. By default the check reads its flag at once (one sync a
+    forward); a decoder that reads a per-row count after every forward anyway sets `defer_finite_check` and
+    reads its counts through `read`, which brings the flags of every forward since the last read to the host
+    in the same copy: one sync for both."""
 
     def __init__(self, adapter: ModelAdapter) -> None:
         self.adapter = adapter
@@ -77,6 +91,8 @@ class ForwardClock:
         self.calls = 0
         self.prompt_ids: list[str] = []
         self.stages = StageClock(adapter.device)
+        self.defer_finite_check = False
+        self.unread: list[tuple[int, torch.Tensor]] = []  # (forward, finite_rows) not yet brought to the host
 
     def lap(self, stage: str) -> None:
         """The decode time since the previous lap went to `stage` (sjd.decoders.stages.STAGES)."""
@@ -97,8 +113,26 @@ class ForwardClock:
             self.model_s += time.perf_counter() - t0
         self.stages.lap("forward")  # the finite check below is the logits pipeline's
         self.calls += 1
-        check_finite(out, self.adapter.name, self.prompt_ids, self.calls)
+        if self.defer_finite_check:
+            self.unread.append((self.calls, finite_rows(out)))
+        else:
+            check_finite(out, self.adapter.name, self.prompt_ids, self.calls)
         return out
+
+    def read(self, counts: torch.Tensor) -> list[int]:
+        """`counts` [B] on the host, with the NaN/inf flags of the forwards since the last read in the same copy;
+        raises as check_finite does, naming the first forward and the rows whose logits were not finite."""
+        values = torch.cat([counts.long().flatten(), *(flags.long() for _, flags in self.unread)]).tolist()
+        n, unread, self.unread = counts.numel(), self.unread, []
+        for i, (step, flags) in enumerate(unread):
+            ok = values[n + i * len(flags) : n + (i + 1) * len(flags)]
+            bad = [self.prompt_ids[r] if r < len(self.prompt_ids) else str(r) for r, f in enumerate(ok) if not f]
+            if bad:
+                raise FloatingPointError(
+                    f"model {self.adapter.name!r} returned NaN/inf logits for prompt(s) {bad} at forward {step} "
+                    "(1 = prefill); samples finished before this batch are kept"
+                )
+        return values[:n]
 
     def prefill(self, prompts: Sequence[Prompt], with_uncond: bool) -> Logits:
         self.prompt_ids = [p.prompt_id for p in prompts]
@@ -121,6 +155,8 @@ class ForwardClock:
 
     def finish(self, tokens: torch.Tensor, n_forward: list[int], accepted: list[list[int]]) -> DecodeResult:
         """Stop the clock (after the device is idle) and package the result."""
+        if self.unread:  # flags no count has brought to the host yet
+            self.read(torch.zeros(0, dtype=torch.long, device=self.adapter.device))
         device_sync(self.adapter.device)
         decode_s = time.perf_counter() - self.t0 - self.t_prefill
         return DecodeResult(

@@ -136,6 +136,8 @@ class SJDDecoder(Decoder):
         """Prefill and the first token as in AR, then the decoder's own per-call set-up (`begin`)."""
         state = self.new_state(len(prompts), call.layout, call.device)
         state.tokens[:, 0] = call.clock.start(prompts, call.sampling, call.generators)
+        call.clock.defer_finite_check = True  # commit reads the accepted lengths and the NaN/inf flags in one copy
+        state.read_counts = call.clock.read
         for b in range(len(prompts)):  # where position 0 is a code (LlamaGen), the row below may draw from its p
             state.remember_p(b, 0, call.clock.first_p[b : b + 1])
         self.begin(state, call)
@@ -288,6 +290,7 @@ class WindowState:
     committed_p: torch.Tensor | None = None  # [B, K, V]: p of the last K committed positions, at pos % K
     inputs: list[int] | None = None  # window inputs forwarded after the prefill (the forwards' compute)
     drafter_forwards: torch.Tensor | None = None  # [B] a trained drafter's forwards per row (sjd.decoders.drafted)
+    read_counts: Callable[[torch.Tensor], list[int]] = torch.Tensor.tolist  # brings per-row counts to the host
 
     @classmethod
     def empty(cls, B: int, N: int, V: int, device: torch.device, keep_p: int = 0) -> WindowState:
@@ -328,7 +331,7 @@ class WindowState:
         what follows row b's accepted drafts and returns how many tokens the forward commits in
         all (default `end_with_next_token`); the branching decoder commits a sibling there."""
         samples_q = p if samples_q is None else samples_q
-        for b, n_acc in enumerate(result.n_accepted.tolist()):
+        for b, n_acc in enumerate(self.read_counts(result.n_accepted)):
             if widths[b] == 0:
                 continue
             n = self.committed[b]

@@ -208,6 +208,8 @@ def report_row(counts: list[Counts]) -> dict:
 # than one a step". The one a window decoder needs is reading how many drafts each row accepted.
 PURPOSES = {
     "commit": "reads the accepted lengths: the one sync a window decoder needs",
+    "read": "reads the accepted lengths with the forwards' NaN/inf flags in one copy: the one sync a window "
+    "decoder needs",
     "check_finite": "the NaN/inf guard on each forward's logits (one reduction, one read): names the forward and "
     "prompt where a model went non-finite",
     "finish": "copies the finished tokens to the host, once a decode",
