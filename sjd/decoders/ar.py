@@ -40,6 +40,7 @@ class ARDecoder(Decoder):
         entropy = torch.zeros(B, dtype=torch.float64, device=device)  # summed over code positions
         measure_s = 0.0
         free = (layout.forced < 0).tolist()
+        clock.defer_finite_check = True  # AR reads nothing a step: every forward's NaN/inf flag is read at the end
         clock.stages.begin()
         for pos in range(layout.n_tokens):
             positions = torch.full((B, 1), pos, device=device)
@@ -54,6 +55,7 @@ class ARDecoder(Decoder):
             clock.lap("verify")
             if pos + 1 < layout.n_tokens:  # the last token needs no forward of its own
                 logits = clock.forward(tokens[:, pos : pos + 1], [pos] * B)
+        clock.read(torch.zeros(0, dtype=torch.long, device=device))  # raises, naming the forward, on a NaN/inf
         device_sync(device)
         decode_s = time.perf_counter() - t0 - t_prefill - measure_s
 

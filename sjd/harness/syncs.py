@@ -204,25 +204,35 @@ def report_row(counts: list[Counts]) -> dict:
     }
 
 
-# What each decoder-side sync site is for, by the function that asks for it: the report's answer to "why more
-# than one a step". The one a window decoder needs is reading how many drafts each row accepted.
+# What each decoder-side sync site is for, by file and function: the report's answer to "why more than one a
+# step". The one a window decoder needs reads how many drafts each row accepted (base.py read).
 PURPOSES = {
-    "commit": "reads the accepted lengths: the one sync a window decoder needs",
-    "read": "reads the accepted lengths with the forwards' NaN/inf flags in one copy: the one sync a window "
-    "decoder needs",
-    "check_finite": "the NaN/inf guard on each forward's logits (one reduction, one read): names the forward and "
-    "prompt where a model went non-finite",
-    "finish": "copies the finished tokens to the host, once a decode",
-    "generate": "the decoder's own loop reads a per-row count on the host",
-    "plan_row": "SJD-PAC's branch plan reads per-row probabilities on the host",
-    "build_window": "SJD-PAC's window layout is built on the host from per-row counts",
+    "base.py read": "the accepted lengths, with the forwards' NaN/inf flags in the same copy: the one sync a "
+    "window decoder needs",
+    "base.py check_finite": "the NaN/inf guard on the logits, read at once: the prefill's, and every forward's "
+    "in decoders that read no count after each forward",
+    "base.py finish": "copies the finished tokens to the host, once a decode",
+    "sjd.py commit": "reads the accepted lengths",
+    "sjd_pac.py plan_row": "the branch plan reads per-row probabilities on the host (not yet on the device)",
+    "sjd_pac.py <genexpr>": "the branch plan reads per-row counts on the host (not yet on the device)",
+    "sjd_pac.py verify_tree": "verification at the siblings reads which sibling was accepted on the host",
+    "ar.py generate": "AR's loop reads the rows' finished state or tokens on the host",
+    "sjd_pac.py build_window": "the window with its siblings is laid out on the host from per-row counts",
+    "tree_verify.py ancestors": "tree verification walks each node's ancestors on the host",
+    "eagle.py commit": "the accepted path's slots, picked with boolean masks (their number is data-dependent)",
+    "pjd.py verify_and_commit": "reads each row group's accepted count on the host",
+    "pjd.py next_drafts": "picks the next drafts with boolean masks",
+    "tree.py finish": "the drafter's chosen tree nodes, found with nonzero",
+    "drafted.py after_commit": "asks on the host whether any row needs drafter drafts this step",
 }
 
 
 def sync_purposes(sites: str) -> str:
-    """The purpose of each reported site (`name at file:line function xN`), where PURPOSES knows its function."""
+    """The purpose of each reported site (`name at path:line function xN`), where PURPOSES knows its file and
+    function."""
     out = []
     for site in filter(None, (s.strip() for s in str(sites).split(";"))):
-        function = site.split(" x")[0].rsplit(" ", 1)[-1]
-        out.append(f"{function}: {PURPOSES.get(function, 'not yet explained')}")
+        where, function = site.split(" at ", 1)[1].rsplit(" x", 1)[0].split(" ", 1)
+        key = f"{Path(where.split(':')[0]).name} {function}"
+        out.append(f"{key}: {PURPOSES.get(key, 'not yet explained')}")
     return "; ".join(dict.fromkeys(out))

@@ -228,6 +228,7 @@ def test_a_tiny_recipe_run_trains_saves_loads_and_decodes(script, micro, tmp_pat
 
 
 @pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.slow  # a retrain, a rebuild or a large fixture: make test runs it, the edit loops do not
 def test_every_shipped_drafter_passes_its_recipe_check(script, name):
     """`--check-recipe` on the shipped drafter: its weights file hashes to its record, its arguments to its
     recipe_sha, its command composes them today, its target is the recorded one, and the recipe's first steps
@@ -236,6 +237,7 @@ def test_every_shipped_drafter_passes_its_recipe_check(script, name):
     assert all(f.ok for f in findings) and len(findings) == 5, "\n".join(f.line() for f in findings)
 
 
+@pytest.mark.slow  # a retrain, a rebuild or a large fixture: make test runs it, the edit loops do not
 def test_the_recipe_check_survives_another_cpu_kernel_set():
     """As a user runs it, under PyTorch's baseline kernels (ATEN_CPU_CAPABILITY=default), which round differently
     from the vector kernels the record was made with, as another machine's CPU does; it prints each statement."""

@@ -62,6 +62,7 @@ def test_fid_of_a_set_against_itself_is_zero_and_grows_with_noise(real_images):
     assert scores[0] < scores[1] < scores[2], scores
 
 
+@pytest.mark.slow  # a retrain, a rebuild or a large fixture: make test runs it, the edit loops do not
 def test_fid_ranks_model_samples_far_above_random_token_images(real_images, model_samples):
     samples, _ = model_samples
     rng = np.random.default_rng(1)

@@ -13,6 +13,7 @@ import torch
 
 from sjd.core.sampling import SamplingConfig
 from sjd.core.seeding import make_generators
+from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.harness.prompts import load_prompt_file
 from sjd.types import Logits
@@ -67,7 +68,10 @@ def test_a_run_dir_of_another_config_is_refused(tmp_path):
     assert (run_dir / "samples.jsonl").read_text() == before  # nothing mixed in
 
 
-def test_nan_logits_are_named_with_prompt_and_step(toy, monkeypatch):
+@pytest.mark.parametrize("decoder", [SJDDecoder(window=8), ARDecoder()], ids=["sjd", "ar"])
+def test_nan_logits_are_named_with_prompt_and_step(toy, monkeypatch, decoder):
+    """Both read the NaN/inf flags with what they bring to the host anyway (SJD: with the accepted lengths; AR:
+    at the end), and name the forward and the prompt."""
     prompts = load_prompt_file("sjd/assets/prompts/toy.tsv")[:2]
     real_forward, calls = type(toy).forward, {"n": 0}
 
@@ -81,7 +85,7 @@ def test_nan_logits_are_named_with_prompt_and_step(toy, monkeypatch):
     monkeypatch.setattr(type(toy), "forward", poisoned)
     gens = make_generators(0, [p.prompt_id for p in prompts], torch.device("cpu"))
     with pytest.raises(FloatingPointError, match=rf"\['{prompts[1].prompt_id}'\] at forward 4"):
-        SJDDecoder(window=8).generate(toy, prompts, SamplingConfig(), gens)
+        decoder.generate(toy, prompts, SamplingConfig(), gens)
 
 
 def test_out_of_memory_names_batch_and_window_and_keeps_finished_samples(compose_cfg, tmp_path, monkeypatch):

@@ -39,8 +39,8 @@ def test_sjd_on_the_toy_syncs_once_an_iteration_and_never_in_the_pipeline(toy):
     assert reads == counts.forwards == row["iterations"]  # one read of the accepted lengths (and NaN flags) a forward
     assert row["pipeline_syncs_per_iter"] == 0 and row["forward_syncs_per_iter"] == 0
     assert row["decoder_syncs_per_iter"] < 1.1  # that read; the prefill's NaN guard and the result's copy, once
-    assert "read: reads the accepted lengths" in sync_purposes(row["decoder_sync_sites"])
+    assert "base.py read: the accepted lengths" in sync_purposes(row["decoder_sync_sites"])
     gens = make_generators(0, [p.prompt_id for p in PROMPTS], toy.device)
     with torch.no_grad():
         ar = report_row([count_decode(lambda: ARDecoder().generate(toy, PROMPTS, sampling_cfg, gens), toy, {})])
-    assert 1 <= ar["decoder_syncs_per_iter"] < 1.1  # the NaN/inf guard a forward, and the result's copy once
+    assert ar["decoder_syncs_per_iter"] < 0.1  # nothing a step: the prefill's NaN guard and the result, once

@@ -147,6 +147,7 @@ def test_procedural_captions_parse_back_and_noise_sets_how_many_codes_a_pixel_ca
     assert distinct[0] * 3 < distinct[1], distinct
 
 
+@pytest.mark.slow  # a retrain, a rebuild or a large fixture: make test runs it, the edit loops do not
 def test_the_training_script_rebuilds_a_checkpoint_from_its_seed(tmp_path):
     """Two runs of the same recipe write the same weights, and the checkpoint loads as a stand-in."""
     outs = []
@@ -163,6 +164,7 @@ def test_the_training_script_rebuilds_a_checkpoint_from_its_seed(tmp_path):
     assert (adapter.layout.height, adapter.meta["steps"]) == (4, 2)
 
 
+@pytest.mark.slow  # a retrain, a rebuild or a large fixture: make test runs it, the edit loops do not
 def test_the_training_script_builds_a_llamagen_standin(tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts" / "train_standin.py"), "--custom", "tiny", "--family", "llamagen",
            "--steps", "1", "--batch-size", "1", "--out", str(tmp_path / "lg")]  # fmt: skip
@@ -227,6 +229,7 @@ HASHED = sorted(set(STANDINS) - BUILT_BEFORE_RECIPE_HASHES)
 
 
 @pytest.mark.parametrize("name", HASHED)
+@pytest.mark.slow  # a retrain, a rebuild or a large fixture: make test runs it, the edit loops do not
 def test_a_shipped_standin_with_hashes_is_reproduced_by_the_current_recipe(name):
     """`train_standin.py --check-recipe NAME` as a user runs it on a shipped stand-in: its files hash to its
     record, and the first training steps of its STANDINS recipe under today's code match its probe fingerprint.
@@ -235,6 +238,7 @@ def test_a_shipped_standin_with_hashes_is_reproduced_by_the_current_recipe(name)
     assert proc.returncode == 0 and PROBE_PASSED in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # a retrain, a rebuild or a large fixture: make test runs it, the edit loops do not
 def test_the_recipe_check_survives_another_cpu_kernel_set():
     """The shipped records were fingerprinted on one CPU; CI runs on another. PyTorch's baseline kernels
     (ATEN_CPU_CAPABILITY=default, no AVX) round differently from any vector set, as another machine's do:
