@@ -44,27 +44,6 @@ def device_sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def check_finite(logits: Logits, model: str, prompt_ids: Sequence[str], step: int) -> None:
-    """A NaN or inf logit would silently turn into a wrong token; stop and name where it came from.
-
-    One reduction over both CFG branches and one read of it (a host sync on a GPU): a finite float32 sum means
-    every logit is finite (a NaN or inf makes it NaN or inf); only a non-finite sum (or one that overflows)
-    pays for the row scan."""
-    named = (("conditional", logits.cond), ("unconditional", logits.uncond))
-    branches = [(name, t) for name, t in named if t is not None]
-    total = sum(t.sum(dtype=torch.float32) for _, t in branches)
-    if bool(torch.isfinite(total)):
-        return
-    for branch, t in branches:
-        bad = (~torch.isfinite(t)).flatten(1).any(1)
-        if bool(bad.any()):
-            rows = [prompt_ids[i] if i < len(prompt_ids) else str(i) for i in bad.nonzero().flatten().tolist()]
-            raise FloatingPointError(
-                f"model {model!r} returned NaN/inf {branch} logits for prompt(s) {rows} at forward {step} "
-                "(1 = prefill); samples finished before this batch are kept"
-            )
-
-
 def finite_rows(logits: Logits) -> torch.Tensor:
     """[B] bool, on the device: whether every logit of each row, in both CFG branches, is finite (one reduction
     a row; a NaN or inf makes the sum NaN or inf)."""
@@ -72,6 +51,27 @@ def finite_rows(logits: Logits) -> torch.Tensor:
     if logits.uncond is not None:
         total = total + logits.uncond.flatten(1).sum(1, dtype=torch.float32)
     return torch.isfinite(total)
+
+
+def nonfinite_error(model: str, rows: list[str], step: int, branch: str = "") -> FloatingPointError:
+    return FloatingPointError(
+        f"model {model!r} returned NaN/inf {branch + ' ' if branch else ''}logits for prompt(s) {rows} at forward "
+        f"{step} (1 = prefill); samples finished before this batch are kept"
+    )
+
+
+def check_finite(logits: Logits, model: str, prompt_ids: Sequence[str], step: int) -> None:
+    """A NaN or inf logit would silently turn into a wrong token; stop and name where it came from.
+
+    One reduction a row over both CFG branches (finite_rows) and one read of it (a host sync on a GPU); only a
+    non-finite sum (or one that overflows) pays for the scan that names the branch and the rows."""
+    if bool(finite_rows(logits).all()):
+        return
+    for branch, t in (("conditional", logits.cond), ("unconditional", logits.uncond)):
+        bad = (~torch.isfinite(t)).flatten(1).any(1) if t is not None else None
+        if bad is not None and bool(bad.any()):
+            rows = [prompt_ids[i] if i < len(prompt_ids) else str(i) for i in bad.nonzero().flatten().tolist()]
+            raise nonfinite_error(model, rows, step, branch)
 
 
 class ForwardClock:
@@ -128,10 +128,7 @@ class ForwardClock:
             ok = values[n + i * len(flags) : n + (i + 1) * len(flags)]
             bad = [self.prompt_ids[r] if r < len(self.prompt_ids) else str(r) for r, f in enumerate(ok) if not f]
             if bad:
-                raise FloatingPointError(
-                    f"model {self.adapter.name!r} returned NaN/inf logits for prompt(s) {bad} at forward {step} "
-                    "(1 = prefill); samples finished before this batch are kept"
-                )
+                raise nonfinite_error(self.adapter.name, bad, step)
         return values[:n]
 
     def prefill(self, prompts: Sequence[Prompt], with_uncond: bool) -> Logits:

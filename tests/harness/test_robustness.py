@@ -105,3 +105,14 @@ def test_out_of_memory_names_batch_and_window_and_keeps_finished_samples(compose
         run(cfg, tmp_path)
     finished = samples_of(tmp_path)
     assert len(finished) >= 2 and not (tmp_path / "summary.csv").exists()
+
+
+def test_the_immediate_nan_check_names_the_branch_and_rows():
+    """The check decoders without a per-forward read use (the prefill's, and tree and PJD loops)."""
+    from sjd.decoders.base import check_finite
+
+    cond, uncond = torch.zeros(3, 2, 5), torch.zeros(3, 2, 5)
+    check_finite(Logits(cond, uncond), "toy", ["a", "b", "c"], 2)  # finite: nothing happens
+    uncond[2, 1, 0] = float("inf")
+    with pytest.raises(FloatingPointError, match=r"unconditional logits for prompt\(s\) \['c'\] at forward 2"):
+        check_finite(Logits(cond, uncond), "toy", ["a", "b", "c"], 2)
