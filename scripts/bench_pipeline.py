@@ -14,7 +14,7 @@ Prints ratios measured in this run; asserts nothing about time.
 2. A decode: AR and SJD (window 16) on a tiny random Lumina-mGPT (Chameleon architecture, hidden
    size 64, 2 layers, the real 65536-id vocabulary and grammar, `--grids` x `--grids` 32-px grids)
    on CPU, with Lumina's sampling (conf/model/lumina.yaml), new pipeline and old pipeline patched
-   in: the summary's stage fractions of decode time and efficiency (sjd.harness.results.summarize).
+   in: the summary's stage fractions of decode time and efficiency (sjd.harness.results.summary_rows).
    A tiny model makes the forward cheap, so the pipeline's share is an upper bound for real models.
    `--standin standin_lumina_512` decodes on a shipped stand-in instead (its captions, its 1061 steps).
    lap_cost_frac: the stage clock's own cost (laps made x one lap's cost) over decode time.
@@ -41,7 +41,7 @@ from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.stages import StageClock
-from sjd.harness.results import STAGE_COLUMNS, markdown_table, summarize
+from sjd.harness.results import STAGE_COLUMNS, markdown_table, summary_rows
 from sjd.types import ImageLayout, Logits, Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,7 +190,7 @@ def bench_decode(batches: list[int], old_batches: list[int], grids: int, standin
                     for b in range(B)
                 ]  # fmt: skip
             samples = pd.DataFrame(rows)
-            summary = summarize(samples, "ar", {"model": standin or f"tiny-lumina-{grids}x{grids}"})
+            summary = summary_rows(samples, "ar", {"model": standin or f"tiny-lumina-{grids}x{grids}"})
             summary["lap_cost_frac"] = samples.groupby("decoder", sort=False)["lap_cost_frac"].mean().to_numpy()
             summary.insert(0, "pipeline", label)
             summary.insert(1, "batch", B)

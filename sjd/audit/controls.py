@@ -8,6 +8,8 @@ the claim it would make, so an audit that catches it has caught a false claim.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from sjd.core.sampling import filter_top_k_top_p, sample_from
@@ -17,12 +19,18 @@ from sjd.decoders.base import Decoder
 from sjd.decoders.coupled import CoupledSJDDecoder, maximal_coupling_drafts
 from sjd.decoders.eagle import EagleDecoder
 from sjd.decoders.sjd import SJDDecoder
+from sjd.decoders.window import WindowStep
 
 
+@dataclass(eq=False, kw_only=True)
 class ResampleFromP(SJDDecoder):
     """FAULTY: a rejected draft's replacement is drawn from p instead of norm(max(0, p - q))."""
 
-    def accept(self, p, drafts, q, n_drafts, accept_uniforms, sample_uniforms, call) -> VerifyResult:
+    name: str = "resample_from_p"
+    window: int = 4
+
+    def accept(self, step: WindowStep, accept_uniforms, sample_uniforms) -> VerifyResult:
+        p, drafts, q, n_drafts = step.p, step.drafts, step.q, step.n_drafts
         rule = block_verify if self.verification == "block" else speculative_verify
         result = rule(p, drafts, q, n_drafts, accept_uniforms, sample_uniforms)
         rows = torch.arange(p.shape[0], device=p.device)
@@ -31,13 +39,16 @@ class ResampleFromP(SJDDecoder):
         return VerifyResult(result.n_accepted, torch.where(rejected, from_p, result.next_token), result.accepted)
 
 
+@dataclass(eq=False, kw_only=True)
 class StaleQMaximal(CoupledSJDDecoder):
     """FAULTY (SCD-MC as released): maximal coupling that keeps a kept draft's old q instead of p."""
 
-    def __init__(self, name: str = "stale_q_maximal", window: int = 4, **kw) -> None:
-        super().__init__(name, window, coupling="maximal", **kw)
+    name: str = "stale_q_maximal"
+    window: int = 4
+    coupling: str = "maximal"
 
-    def next_drafts(self, p, drafts, q, n_drafts, result, uniforms, positions, state) -> tuple:
+    def next_drafts(self, step: WindowStep, uniforms) -> tuple:
+        p, drafts, q, n_drafts, result = step.p, step.drafts, step.q, step.n_drafts, step.result
         samples = sample_from(p, uniforms)
         if not drafts.shape[1]:
             return samples, p
@@ -49,40 +60,47 @@ class StaleQMaximal(CoupledSJDDecoder):
         return samples, recorded
 
 
+@dataclass(eq=False, kw_only=True)
 class SlotGumbel(CoupledSJDDecoder):
     """FAULTY (SCD-GS as released): one Gumbel vector per window slot, not per absolute position, so as
     the window slides one token a step the same vector draws consecutive positions."""
 
-    def __init__(self, name: str = "slot_gumbel", window: int = 4, **kw) -> None:
-        super().__init__(name, window, coupling="gumbel", **kw)
+    name: str = "slot_gumbel"
+    window: int = 4
+    coupling: str = "gumbel"
 
-    def next_drafts(self, p, drafts, q, n_drafts, result, uniforms, positions, state) -> tuple:
+    def next_drafts(self, step: WindowStep, uniforms) -> tuple:
+        p, state = step.p, step.state
         slots = torch.arange(p.shape[1], device=p.device).expand(p.shape[0], -1)
         g = state.noise[torch.arange(p.shape[0], device=p.device)[:, None], slots]
         return (p.log() + g).argmax(-1), p
 
 
+@dataclass(eq=False, kw_only=True)
 class QBeforeTopK(SJDDecoder):
     """FAULTY: drafts drawn from the top-k of p, but recorded with q = p (the distribution before top-k)."""
 
-    def __init__(self, name: str = "q_before_top_k", window: int = 4, top_k: int = 2, **kw) -> None:
-        super().__init__(name, window, **kw)
-        self.top_k = top_k
+    name: str = "q_before_top_k"
+    window: int = 4
+    top_k: int = 2
 
-    def next_drafts(self, p, drafts, q, n_drafts, result, uniforms, positions, state) -> tuple:
+    def next_drafts(self, step: WindowStep, uniforms) -> tuple:
+        p = step.p
         drawn_from = filter_top_k_top_p(p.log(), self.top_k, None).softmax(-1)
         return sample_from(drawn_from, uniforms), p
 
 
+@dataclass(eq=False, kw_only=True)
 class LowPrecisionDrafts(SJDDecoder):
     """FAULTY: drafts drawn from p rounded to a low-precision dtype (renormalised), recorded with the
     full-precision p that verification uses."""
 
-    def __init__(self, name: str = "low_precision_drafts", window: int = 4, dtype: str = "float8_e4m3fn", **kw):
-        super().__init__(name, window, **kw)
-        self.draft_dtype = dtype  # a name, so the decoder's config() stays JSON
+    name: str = "low_precision_drafts"
+    window: int = 4
+    draft_dtype: str = "float8_e4m3fn"  # a name, so the decoder's config() stays JSON
 
-    def next_drafts(self, p, drafts, q, n_drafts, result, uniforms, positions, state) -> tuple:
+    def next_drafts(self, step: WindowStep, uniforms) -> tuple:
+        p = step.p
         low = p.to(getattr(torch, self.draft_dtype)).float()
         return sample_from(low / low.sum(-1, keepdim=True), uniforms), p
 

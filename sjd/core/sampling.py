@@ -52,15 +52,6 @@ def cfg_mix(logits: Logits, scale: float) -> torch.Tensor:
     return logits.uncond + scale * (logits.cond - logits.uncond)
 
 
-def grammar_mask(positions: torch.Tensor, layout: ImageLayout) -> torch.Tensor:
-    """[B, W] generated positions -> [B, W, V] allowed-token mask (forced tokens one-hot).
-
-    Positions past the image (padding slots of a window) get the free-token mask; decoders
-    never use their outputs."""
-    table = layout.allowed_table(positions.device)
-    return table[positions.clamp(0, layout.n_tokens)]
-
-
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
     """Mask to -inf every logit outside the top-k ids and outside the smallest top-p nucleus.
 
@@ -164,8 +155,3 @@ def sample_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> t
     shape = probs.shape[1:-1]
     u = torch.stack([torch.rand(shape, generator=g, device=probs.device) for g in generators])
     return sample_from(probs, u)
-
-
-def entropy(probs: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats along the last axis."""
-    return -(probs * probs.clamp_min(1e-30).log()).sum(-1)

@@ -19,7 +19,7 @@ Three schedules (`decoder.schedule`):
   where a run of drafts has converged the window grows back. The width depends only on tokens
   already committed, so the decoder stays exactly as lossless as under a fixed window.
 
-Both are pure: `width(committed, previous)` maps a row's committed length and its committed length
+All three are pure: `width(committed, previous)` maps a row's committed length and its committed length
 one iteration earlier (0 before the prefill's token) to the next window, 0 when the row is complete.
 Windows never run past the image (the official loop stops there at its end-of-sequence token).
 """

@@ -33,35 +33,30 @@ the rejected draft is biased by the rejection, so `coupling` is one choice.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from sjd.core.sampling import sample_from
-from sjd.core.schedule import OFFICIAL_L
-from sjd.core.verify import VerifyResult, residual
-from sjd.decoders.sjd import SJDDecoder, WindowCall, WindowState
+from sjd.core.verify import residual
+from sjd.decoders.sjd import SJDDecoder
+from sjd.decoders.window import WindowCall, WindowStep
+from sjd.decoders.window_state import WindowState
 
 COUPLINGS = ("none", "gumbel", "maximal")
 
 
+@dataclass(eq=False, kw_only=True)
 class CoupledSJDDecoder(SJDDecoder):
-    def __init__(
-        self,
-        name: str = "csjd",
-        window: int = 16,
-        init: str = "vertical_dist",
-        coupling: str = "maximal",
-        ar_prefix: int = 1,
-        ar_suffix: int = 0,
-        forced_drafts: bool = True,
-        schedule: str = "harness",
-        official_l: int = OFFICIAL_L,
-    ) -> None:
-        if coupling not in COUPLINGS:
-            raise ValueError(f"decoder.coupling must be one of {COUPLINGS}, got {coupling!r}")
-        super().__init__(
-            name, window, init, ar_prefix, ar_suffix, forced_drafts, schedule=schedule, official_l=official_l
-        )
-        self.coupling = coupling
+    name: str = "csjd"
+    init: str = "vertical_dist"
+    coupling: str = "maximal"
+    verification: str = field(default="token", init=False)  # a coupling keeps the token rule (SJD's docstring)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"decoder.coupling must be one of {COUPLINGS}, got {self.coupling!r}")
 
     def begin(self, state: WindowState, call: WindowCall) -> None:
         if self.coupling != "gumbel":
@@ -73,23 +68,16 @@ class CoupledSJDDecoder(SJDDecoder):
         u = torch.stack([torch.rand(N + 1, V, generator=g, device=device) for g in call.generators])
         state.noise = -torch.log(-torch.log(u.clamp(1e-20, 1 - 1e-7)))
 
-    def next_drafts(
-        self,
-        p: torch.Tensor,
-        drafts: torch.Tensor,
-        q: torch.Tensor,
-        n_drafts: torch.Tensor,
-        result: VerifyResult,
-        uniforms: torch.Tensor,
-        positions: torch.Tensor,
-        state: WindowState,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_drafts(self, step: WindowStep, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p = step.p
         if self.coupling == "gumbel":
-            samples = gumbel_drafts(p, state.noise, positions)
+            samples = gumbel_drafts(p, step.state.noise, step.positions)
         else:
             samples = sample_from(p, uniforms)  # the bonus slot and padding: nothing to couple with
-            if self.coupling == "maximal" and drafts.shape[1]:
-                samples = maximal_coupling_drafts(p, drafts, q, n_drafts, result.accepted, uniforms, samples)
+            if self.coupling == "maximal" and step.drafts.shape[1]:
+                samples = maximal_coupling_drafts(
+                    p, step.drafts, step.q, step.n_drafts, step.result.accepted, uniforms, samples
+                )
         return samples, p
 
 

@@ -19,19 +19,20 @@ speculative verification of the window is the usual one (the coupled decoders' a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 
-from sjd.core.schedule import OFFICIAL_L
 from sjd.decoders.coupled import CoupledSJDDecoder
-from sjd.decoders.sjd import SJDDecoder, WindowCall, WindowState
+from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.sjd_pac import SJDPACDecoder
+from sjd.decoders.window import WindowCall, WindowStep
+from sjd.decoders.window_state import WindowState
 from sjd.drafters.checkpoint import check_weights_setting, load_drafter, training_record
 from sjd.drafters.drafter import DrafterRun
 from sjd.drafters.tree import draw_chain
 from sjd.models.base import ModelAdapter
-from sjd.types import FEATURES, Logits
+from sjd.types import FEATURES
 
 
 @dataclass
@@ -41,22 +42,24 @@ class DraftedCall(WindowCall):
     drafter: DrafterRun | None = None
 
 
+@dataclass(eq=False, kw_only=True)
 class DrafterContinuation:
     """Mixin before a window decoder class: the drafter's settings and the two hooks it fills (`begin`,
     `after_commit`). `continuation` is how many positions after each commit the drafter drafts."""
 
-    drafter: dict
-    continuation: int
+    drafter: dict | None = None
+    continuation: int = 4
 
-    def set_drafter(self, drafter: dict | None, continuation: int) -> None:
-        drafter = dict(drafter or {})
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        drafter = dict(self.drafter or {})
         unknown = sorted(set(drafter) - {"weights"})
         if unknown:
             raise ValueError(f"decoder.drafter: unknown setting(s) {unknown} (settings: weights)")
         check_weights_setting(drafter.get("weights"), self.name)
-        if continuation < 1:
-            raise ValueError(f"decoder.continuation must be >= 1, got {continuation}")
-        self.drafter, self.continuation = {"weights": str(drafter["weights"])}, continuation
+        if self.continuation < 1:
+            raise ValueError(f"decoder.continuation must be >= 1, got {self.continuation}")
+        self.drafter = {"weights": str(drafter["weights"])}
 
     def config(self) -> dict:
         out = super().config()
@@ -84,7 +87,8 @@ class DrafterContinuation:
         self.continue_drafts(state, call)
         state.drafter_forwards = call.drafter.row_forwards
 
-    def after_commit(self, state: WindowState, logits: Logits, slots: torch.Tensor, call: DraftedCall) -> None:
+    def after_commit(self, step: WindowStep) -> None:
+        state, logits, slots, call = step.state, step.logits, step.slots, step.call
         run = call.drafter
         device = state.tokens.device
         N = state.tokens.shape[1]
@@ -117,68 +121,24 @@ class DrafterContinuation:
                 state.carried_q[b] = torch.cat([q[b, :k], state.carried_q[b][k:]])
 
 
+@dataclass(eq=False, kw_only=True)
 class SJDDrafterDecoder(DrafterContinuation, SJDDecoder):
     requires = SJDDecoder.requires | {FEATURES}
 
-    def __init__(
-        self,
-        name: str = "sjd_drafter",
-        drafter: dict | None = None,
-        continuation: int = 4,
-        window: int = 16,
-        init: str = "random",
-        ar_prefix: int = 1,
-        ar_suffix: int = 0,
-        forced_drafts: bool = True,
-        schedule: str = "harness",
-        official_l: int = OFFICIAL_L,
-    ) -> None:
-        SJDDecoder.__init__(self, name, window, init, ar_prefix, ar_suffix, forced_drafts, schedule=schedule,
-                            official_l=official_l)  # fmt: skip
-        self.set_drafter(drafter, continuation)
+    name: str = "sjd_drafter"
+    verification: str = field(default="token", init=False)
 
 
+@dataclass(eq=False, kw_only=True)
 class CoupledDrafterDecoder(DrafterContinuation, CoupledSJDDecoder):
     requires = CoupledSJDDecoder.requires | {FEATURES}
 
-    def __init__(
-        self,
-        name: str = "csjd_drafter",
-        drafter: dict | None = None,
-        continuation: int = 4,
-        window: int = 16,
-        init: str = "vertical_dist",
-        coupling: str = "maximal",
-        ar_prefix: int = 1,
-        ar_suffix: int = 0,
-        forced_drafts: bool = True,
-        schedule: str = "harness",
-        official_l: int = OFFICIAL_L,
-    ) -> None:
-        CoupledSJDDecoder.__init__(self, name, window, init, coupling, ar_prefix, ar_suffix, forced_drafts,
-                                   schedule, official_l)  # fmt: skip
-        self.set_drafter(drafter, continuation)
+    name: str = "csjd_drafter"
 
 
+@dataclass(eq=False, kw_only=True)
 class SJDPACDrafterDecoder(DrafterContinuation, SJDPACDecoder):
     requires = SJDPACDecoder.requires | {FEATURES}
 
-    def __init__(
-        self,
-        name: str = "csjd_pac_drafter",
-        drafter: dict | None = None,
-        continuation: int = 16,
-        window: int = 64,
-        init: str = "vertical_dist",
-        coupling: str = "maximal",
-        branches: int = 4,
-        branch_depth: int = 3,
-        ar_prefix: int = 1,
-        ar_suffix: int = 0,
-        forced_drafts: bool = True,
-        schedule: str = "harness",
-        official_l: int = OFFICIAL_L,
-    ) -> None:
-        SJDPACDecoder.__init__(self, name, window, init, coupling, branches, branch_depth, ar_prefix, ar_suffix,
-                               forced_drafts, schedule, official_l)  # fmt: skip
-        self.set_drafter(drafter, continuation)
+    name: str = "csjd_pac_drafter"
+    continuation: int = 16

@@ -10,49 +10,28 @@ commit become the next drafts, as in SJD.
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass, field
 
 from sjd.core.sampling import sample_from
-from sjd.core.schedule import OFFICIAL_L
-from sjd.core.verify import VerifyResult, exact_match_verify
-from sjd.decoders.sjd import SJDDecoder, WindowCall, WindowState, draw_uniforms
+from sjd.core.verify import exact_match_verify
+from sjd.decoders.sjd import SJDDecoder
+from sjd.decoders.window import WindowStep
+from sjd.decoders.window_state import draw_uniforms
 
 
+@dataclass(eq=False, kw_only=True)
 class JacobiDecoder(SJDDecoder):
-    def __init__(
-        self,
-        name: str = "jacobi",
-        window: int = 16,
-        init: str = "random",
-        ar_prefix: int = 1,
-        ar_suffix: int = 0,
-        forced_drafts: bool = True,
-        schedule: str = "harness",
-        official_l: int = OFFICIAL_L,
-    ) -> None:
-        super().__init__(
-            name=name,
-            window=window,
-            init=init,
-            ar_prefix=ar_prefix,
-            ar_suffix=ar_suffix,
-            forced_drafts=forced_drafts,
-            schedule=schedule,
-            official_l=official_l,
-        )
-        self.verification = "exact_match"  # recorded with the results: Jacobi's rule, not SJD's
+    verifications = ("exact_match",)
 
-    def verify(
-        self,
-        p: torch.Tensor,
-        drafts: torch.Tensor,
-        q: torch.Tensor,
-        widths: list[int],
-        positions: torch.Tensor,
-        state: WindowState,
-        call: WindowCall,
-    ) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
-        n_drafts = torch.tensor([max(w - 1, 0) for w in widths], device=p.device)
-        _, u_sample = draw_uniforms(call.generators, widths, p.shape[1], p.device)
-        samples = sample_from(p, u_sample)
-        return exact_match_verify(samples, drafts, n_drafts), samples, p
+    name: str = "jacobi"
+    verification: str = field(default="exact_match", init=False)  # recorded with the results: not SJD's rule
+
+    def verify(self, step: WindowStep) -> None:
+        """A draft is accepted iff it equals the model's own sample at its slot; the samples carry on."""
+        _, u_sample = draw_uniforms(step.call.generators, step.widths, step.p.shape[1], step.p.device)
+        samples = sample_from(step.p, u_sample)
+        step.result, step.samples, step.samples_q = (
+            exact_match_verify(samples, step.drafts, step.n_drafts),
+            samples,
+            step.p,
+        )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,48 +29,38 @@ from sjd.core.relaxed_rules import (
     relaxed_verify,
 )
 from sjd.core.sampling import SamplingConfig
-from sjd.core.schedule import OFFICIAL_L
 from sjd.core.verify import VerifyResult
-from sjd.decoders.sjd import SJDDecoder, WindowCall
+from sjd.decoders.sjd import SJDDecoder
+from sjd.decoders.window import WindowCall, WindowStep
 from sjd.models.base import ModelAdapter
 from sjd.types import CODE_EMBEDDINGS, WINDOW
 
 RULES = ("gsd", "lantern")
 
 
+@dataclass(eq=False, kw_only=True)
 class RelaxedSJDDecoder(SJDDecoder):
     requires = frozenset({WINDOW, CODE_EMBEDDINGS})
     lossless = False
+    verifications = ("relaxed",)
 
-    def __init__(
-        self,
-        name: str = "gsd",
-        window: int = 16,
-        init: str = "random",
-        acceptance: str = "gsd",
-        neighbours: int = 3,
-        p_tol: float = 0.15,
-        rank_radius: int = 7,
-        delta: float = 0.1,
-        ar_prefix: int = 1,
-        ar_suffix: int = 0,
-        forced_drafts: bool = True,
-        schedule: str = "harness",
-        official_l: int = OFFICIAL_L,
-    ) -> None:
-        if acceptance not in RULES:
-            raise ValueError(f"decoder.acceptance must be one of {RULES}, got {acceptance!r}")
-        if neighbours < 1 or rank_radius < 0 or p_tol < 0 or delta < 0:
+    name: str = "gsd"
+    acceptance: str = "gsd"
+    neighbours: int = 3
+    p_tol: float = 0.15
+    rank_radius: int = 7
+    delta: float = 0.1
+    verification: str = field(default="relaxed", init=False)  # recorded with the results: `acceptance` decides
+
+    def __post_init__(self) -> None:
+        if self.acceptance not in RULES:
+            raise ValueError(f"decoder.acceptance must be one of {RULES}, got {self.acceptance!r}")
+        if self.neighbours < 1 or self.rank_radius < 0 or self.p_tol < 0 or self.delta < 0:
             raise ValueError(
                 "decoder.neighbours must be >= 1 and decoder.rank_radius, decoder.p_tol, decoder.delta >= 0, "
-                f"got {neighbours}, {rank_radius}, {p_tol}, {delta}"
+                f"got {self.neighbours}, {self.rank_radius}, {self.p_tol}, {self.delta}"
             )
-        super().__init__(
-            name, window, init, ar_prefix, ar_suffix, forced_drafts, schedule=schedule, official_l=official_l
-        )
-        self.verification = "relaxed"  # recorded with the results: `acceptance` replaces SJD's rule
-        self.acceptance, self.neighbours = acceptance, neighbours
-        self.p_tol, self.rank_radius, self.delta = p_tol, rank_radius, delta
+        super().__post_init__()
         self._tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> neighbours_of(model)
 
     def check(self, adapter: ModelAdapter) -> None:
@@ -92,24 +82,16 @@ class RelaxedSJDDecoder(SJDDecoder):
         call = super().new_call(adapter, sampling, generators)
         return RelaxedCall(**vars(call), neighbours=self.neighbours_of(adapter).to(adapter.device))
 
-    def accept(
-        self,
-        p: torch.Tensor,
-        drafts: torch.Tensor,
-        q: torch.Tensor,
-        n_drafts: torch.Tensor,
-        accept_uniforms: torch.Tensor,
-        sample_uniforms: torch.Tensor,
-        call: RelaxedCall,
-    ) -> VerifyResult:
-        table = call.neighbours
+    def accept(self, step: WindowStep, accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor) -> VerifyResult:
+        p, drafts, q = step.p, step.drafts, step.q
+        table = step.call.neighbours
         if self.acceptance == "gsd":
             target, draft, _ = gsd_masses(p, q, drafts, table, self.p_tol, self.rank_radius)
             on_reject = gsd_rejection(p, q)
         else:
             target, draft, credited = lantern_masses(p, q, drafts, table, self.delta)
             on_reject = lantern_rejection(p, drafts, table, credited)
-        return relaxed_verify(p, drafts, q, n_drafts, accept_uniforms, sample_uniforms, target, draft, on_reject)
+        return relaxed_verify(p, drafts, q, step.n_drafts, accept_uniforms, sample_uniforms, target, draft, on_reject)
 
 
 @dataclass

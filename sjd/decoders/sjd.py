@@ -1,8 +1,9 @@
 """Speculative Jacobi Decoding (Teng et al., ICLR 2025; docs/algorithms.md §4).
 
 To read the algorithm, read sjd/decoders/reference.py: the same SJD for one image in one function, which
-tests/decoders/test_reference_sjd.py holds this decoder to, token for token. This file is that loop batched over ragged
-rows, split into the phases (draft, verify, commit, ...) the other window decoders change.
+tests/decoders/test_reference_sjd.py holds this decoder to, token for token. This file is that algorithm batched
+over ragged rows, as the phases (draft, forward, verify, commit) of the window family's one loop
+(sjd.decoders.window), which the other window decoders change.
 
 Each iteration forwards a window [last committed token, d_1 .. d_{L-1}] against the cache,
 verifies the drafts left to right with the speculative rule (sjd.core.verify), commits the accepted
@@ -32,140 +33,45 @@ Choices where the paper leaves room (all config, see conf/decoder/sjd.yaml):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from sjd.core.drafts import DISTRIBUTION_SCHEMES, SCHEMES, distribution_drafts, fresh_drafts, one_hot
-from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
-from sjd.core.schedule import OFFICIAL_L, WindowSchedule, check_official_l, check_schedule, make_schedule
+from sjd.core.sampling import logits_to_probs, sample_from
 from sjd.core.verify import VerifyResult, block_verify
 from sjd.core.verify import verify as speculative_verify
-from sjd.decoders.base import WINDOW_CAPABILITY, DecodeCall, Decoder, DecodeResult, ForwardClock
-from sjd.models.base import ModelAdapter
-from sjd.types import ImageLayout, Logits, Prompt
+from sjd.decoders.base import WINDOW_CAPABILITY
+from sjd.decoders.window import WindowDecoder, WindowStep
+from sjd.decoders.window_state import WindowState, draw_uniforms
+from sjd.types import ImageLayout
 
-VERIFICATIONS = ("token", "block")
 
-
-class SJDDecoder(Decoder):
+@dataclass(eq=False, kw_only=True)
+class SJDDecoder(WindowDecoder):
     requires = WINDOW_CAPABILITY
+    verifications = ("token", "block")  # the rules `verification` may name
 
-    def __init__(
-        self,
-        name: str = "sjd",
-        window: int = 16,
-        init: str = "random",
-        ar_prefix: int = 1,
-        ar_suffix: int = 0,
-        forced_drafts: bool = True,
-        verification: str = "token",
-        schedule: str = "harness",
-        official_l: int = OFFICIAL_L,
-    ) -> None:
-        check_window_settings(window, ar_prefix, ar_suffix, schedule)
-        if init not in SCHEMES + DISTRIBUTION_SCHEMES:
-            raise ValueError(f"decoder.init must be one of {SCHEMES + DISTRIBUTION_SCHEMES}, got {init!r}")
-        if verification not in VERIFICATIONS:
-            raise ValueError(f"decoder.verification must be one of {VERIFICATIONS}, got {verification!r}")
-        check_official_l(official_l)
-        self.name, self.window, self.init = name, window, init
-        self.ar_prefix, self.ar_suffix = ar_prefix, ar_suffix
-        self.forced_drafts = forced_drafts
-        self.verification = verification
-        self.schedule, self.official_l = schedule, official_l
+    name: str = "sjd"
+    init: str = "random"
+    verification: str = "token"
 
-    def window_schedule(self, adapter: ModelAdapter) -> WindowSchedule:
-        """The window rule on this model (the official one follows the adapter's model family)."""
-        family = adapter.official_schedule
-        return make_schedule(
-            self.schedule, self.window, self.ar_prefix, self.ar_suffix, adapter.layout, family, self.official_l
-        )
-
-    def new_call(
-        self, adapter: ModelAdapter, sampling: SamplingConfig, generators: Sequence[torch.Generator]
-    ) -> WindowCall:
-        """Everything one generate() call works with: a fresh clock and the window rule on this model."""
-        return WindowCall(adapter, ForwardClock(adapter), sampling, generators, self.window_schedule(adapter))
-
-    @staticmethod
-    def widths(schedule: WindowSchedule, state: WindowState) -> list[int]:
-        """Forward inputs for each row this iteration (0 for a complete row)."""
-        return [schedule.width(n, prev) for n, prev in zip(state.committed, state.previous)]
-
-    def check(self, adapter: ModelAdapter) -> None:
-        super().check(adapter)
-        self.window_schedule(adapter)  # an unknown official family fails at start-up
-        check_window_fits(self.window, adapter)
-
-    def generate(
-        self,
-        adapter: ModelAdapter,
-        prompts: Sequence[Prompt],
-        sampling: SamplingConfig,
-        generators: Sequence[torch.Generator],
-    ) -> DecodeResult:
-        call = self.new_call(adapter, sampling, generators)
-        clock, layout, device = call.clock, call.layout, call.device
-        state = self.start(call, prompts)
-
-        while True:
-            widths = self.widths(call.schedule, state)
-            if max(widths) == 0:
-                break
-            inputs, drafts, q = self.draft(state, widths, call)
-            clock.lap("draft")
-            # Output i of row b predicts position committed[b] + i.
-            logits = clock.forward(inputs, [n - 1 for n in state.committed])
-            positions = torch.as_tensor(state.committed, device=device)[:, None] + torch.arange(
-                inputs.shape[1], device=device
-            )
-            p = logits_to_probs(logits, positions, layout, sampling)
-            clock.lap("pipeline")
-            result, samples, samples_q = self.verify(p, drafts, q, widths, positions, state, call)
-            clock.lap("verify")
-            state.commit(result, drafts, samples, p, widths, samples_q)
-            self.after_commit(state, logits, self.committed_slots(inputs.shape[1], B=len(widths), device=device), call)
-            clock.lap("commit")
-
-        return state.finish(clock)
-
-    # -- phases --------------------------------------------------------------------------------------
-    def start(self, call: WindowCall, prompts: Sequence[Prompt]) -> WindowState:
-        """Prefill and the first token as in AR, then the decoder's own per-call set-up (`begin`)."""
-        state = self.new_state(len(prompts), call.layout, call.device)
-        state.tokens[:, 0] = call.clock.start(prompts, call.sampling, call.generators)
-        call.clock.defer_finite_check = True  # commit reads the accepted lengths and the NaN/inf flags in one copy
-        state.read_counts = call.clock.read
-        for b in range(len(prompts)):  # where position 0 is a code (LlamaGen), the row below may draw from its p
-            state.remember_p(b, 0, call.clock.first_p[b : b + 1])
-        self.begin(state, call)
-        return state
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.init not in SCHEMES + DISTRIBUTION_SCHEMES:
+            raise ValueError(f"decoder.init must be one of {SCHEMES + DISTRIBUTION_SCHEMES}, got {self.init!r}")
+        if self.verification not in self.verifications:
+            raise ValueError(f"decoder.verification must be one of {self.verifications}, got {self.verification!r}")
 
     def new_state(self, B: int, layout: ImageLayout, device: torch.device) -> WindowState:
         """Empty per-row state; vertical_dist drafts also need the last row_stride committed p."""
         keep_p = layout.row_stride if self.init in DISTRIBUTION_SCHEMES else 0
         return WindowState.empty(B, layout.n_tokens, layout.vocab_size, device, keep_p)
 
-    def begin(self, state: WindowState, call: WindowCall) -> None:
-        """Per-call set-up after the first token (coupled decoders draw their noise tables here)."""
-
-    def after_commit(self, state: WindowState, logits: Logits, slots: torch.Tensor, call: WindowCall) -> None:
-        """After each commit: row b committed the tokens at positions state.previous[b] .. committed[b] - 1, and
-        window slot `slots[b, a]` holds the input before the a-th of them (the target's features there are in
-        `logits.features`). Decoders that draft with a trained drafter continue their drafts here."""
-
-    @staticmethod
-    def committed_slots(width: int, B: int, device: torch.device) -> torch.Tensor:
-        """[B, width]: in an SJD window, slot a holds the input at position committed - 1 + a."""
-        return torch.arange(width, device=device).expand(B, width)
-
-    def draft(
-        self, state: WindowState, widths: list[int], call: WindowCall
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # -- phases --------------------------------------------------------------------------------------
+    def draft(self, step: WindowStep) -> None:
         """Window inputs [B, W] = [last committed, drafts...], drafts [B, W-1] and their q."""
-        layout, generators = call.layout, call.generators
+        state, widths, layout, generators = step.state, step.widths, step.call.layout, step.call.generators
         B, W, V, device = len(widths), max(widths), layout.vocab_size, state.tokens.device
         drafts = torch.zeros(B, W - 1, dtype=torch.long, device=device)
         q = torch.zeros(B, W - 1, V, device=device)
@@ -176,7 +82,8 @@ class SJDDecoder(Decoder):
             drafts[b, :need], q[b, :need] = d, dq
             inputs[b, 0] = state.tokens[b, min(n, layout.n_tokens) - 1]
             inputs[b, 1 : 1 + need] = d
-        return inputs, drafts, q
+        step.inputs, step.drafts, step.q = inputs, drafts, q
+        step.n_drafts = torch.tensor([max(w - 1, 0) for w in widths], device=device)
 
     def top_up(
         self, state: WindowState, b: int, need: int, layout: ImageLayout, generator: torch.Generator
@@ -200,176 +107,38 @@ class SJDDecoder(Decoder):
             new_q = one_hot(new, layout.vocab_size)
         return torch.cat([d, new]), torch.cat([dq, new_q])
 
-    def verify(
-        self,
-        p: torch.Tensor,
-        drafts: torch.Tensor,
-        q: torch.Tensor,
-        widths: list[int],
-        positions: torch.Tensor,
-        state: WindowState,
-        call: WindowCall,
-    ) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
-        """Speculative rule (sjd.core.verify), plus one new draft per slot and its q (`next_drafts`)."""
-        n_drafts = torch.tensor([max(w - 1, 0) for w in widths], device=p.device)
-        u_accept, u_jacobi = draw_uniforms(call.generators, widths, p.shape[1], p.device)
-        u_final = u_accept.gather(1, n_drafts[:, None]).squeeze(1)  # each row's own last uniform
-        result = self.accept(p, drafts, q, n_drafts, u_accept[:, :-1], u_final, call)
-        samples, samples_q = self.next_drafts(p, drafts, q, n_drafts, result, u_jacobi, positions, state)
-        return result, samples, samples_q
+    def forward(self, step: WindowStep) -> None:
+        """The window against the cache; output i of row b predicts position committed[b] + i."""
+        call, committed = step.call, step.state.committed
+        step.logits = call.clock.forward(step.inputs, [n - 1 for n in committed])
+        offsets = torch.arange(step.inputs.shape[1], device=call.device)
+        step.positions = torch.as_tensor(committed, device=call.device)[:, None] + offsets
+        step.p = logits_to_probs(step.logits, step.positions, call.layout, call.sampling)
 
-    def accept(
-        self,
-        p: torch.Tensor,
-        drafts: torch.Tensor,
-        q: torch.Tensor,
-        n_drafts: torch.Tensor,
-        accept_uniforms: torch.Tensor,
-        sample_uniforms: torch.Tensor,
-        call: WindowCall,
-    ) -> VerifyResult:
+    def verify(self, step: WindowStep) -> None:
+        """Speculative rule (sjd.core.verify), plus one new draft per slot and its q (`next_drafts`)."""
+        u_accept, u_jacobi = draw_uniforms(step.call.generators, step.widths, step.p.shape[1], step.p.device)
+        u_final = u_accept.gather(1, step.n_drafts[:, None]).squeeze(1)  # each row's own last uniform
+        step.result = self.accept(step, u_accept[:, :-1], u_final)
+        step.samples, step.samples_q = self.next_drafts(step, u_jacobi)
+
+    def accept(self, step: WindowStep, accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor) -> VerifyResult:
         """The acceptance rule: exact speculative sampling, token by token or for the block as a
         whole (relaxed decoders replace it)."""
         rule = block_verify if self.verification == "block" else speculative_verify
-        return rule(p, drafts, q, n_drafts, accept_uniforms, sample_uniforms)
+        return rule(step.p, step.drafts, step.q, step.n_drafts, accept_uniforms, sample_uniforms)
 
-    def next_drafts(
-        self,
-        p: torch.Tensor,
-        drafts: torch.Tensor,
-        q: torch.Tensor,
-        n_drafts: torch.Tensor,
-        result: VerifyResult,
-        uniforms: torch.Tensor,
-        positions: torch.Tensor,
-        state: WindowState,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, W] the drafts the slots carry into the next iteration and [B, W, V] the
+    def next_drafts(self, step: WindowStep, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, C+1] the drafts the chain slots carry into the next iteration and [B, C+1, V] the
         distributions they are drawn from given everything verification has seen (their q).
         SJD draws them from p independently of the old drafts (the Jacobi update); coupled
         decoders (sjd.decoders.coupled) correlate them with the old ones."""
-        return sample_from(p, uniforms), p
+        return sample_from(step.p, uniforms), step.p
 
-
-@dataclass
-class WindowCall(DecodeCall):
-    """A window decoder's call: its window rule on this model too."""
-
-    schedule: WindowSchedule
-
-
-def check_window_settings(window: int, ar_prefix: int, ar_suffix: int, schedule: str) -> None:
-    """The window settings every window decoder takes, checked when it is built."""
-    if window < 1:
-        raise ValueError(f"decoder.window must be >= 1, got {window}")
-    if ar_prefix < 1 or ar_suffix < 0:
-        raise ValueError(f"decoder.ar_prefix must be >= 1 and decoder.ar_suffix >= 0, got {ar_prefix}, {ar_suffix}")
-    check_schedule(schedule)
-
-
-def check_window_fits(window: int, adapter: ModelAdapter) -> None:
-    if window > adapter.layout.n_tokens:
-        raise ValueError(
-            f"decoder.window={window} is larger than the {adapter.layout.n_tokens} tokens of a {adapter.name} image"
-        )
-
-
-@dataclass
-class WindowState:
-    """Per row: the output buffer, how much is committed, and the drafts carried past it."""
-
-    tokens: torch.Tensor  # [B, N]
-    committed: list[int]
-    previous: list[int]  # committed before the last commit (0 before the prefill's token)
-    carried: list[torch.Tensor]  # drafts for positions committed[b], committed[b] + 1, ...
-    carried_q: list[torch.Tensor]  # ... and the distributions they were drawn from
-    accepted: list[list[int]]
-    n_forward: list[int]
-    last_p: list[torch.Tensor | None]  # the distribution the last committed token was drawn from
-    noise: torch.Tensor | None = None  # per-position coupling noise of coupled decoders [B, N, V]
-    committed_p: torch.Tensor | None = None  # [B, K, V]: p of the last K committed positions, at pos % K
-    inputs: list[int] | None = None  # window inputs forwarded after the prefill (the forwards' compute)
-    drafter_forwards: torch.Tensor | None = None  # [B] a trained drafter's forwards per row (sjd.decoders.drafted)
-    read_counts: Callable[[torch.Tensor], list[int]] = torch.Tensor.tolist  # brings per-row counts to the host
-
-    @classmethod
-    def empty(cls, B: int, N: int, V: int, device: torch.device, keep_p: int = 0) -> WindowState:
-        return cls(
-            tokens=torch.empty(B, N, dtype=torch.long, device=device),
-            committed=[1] * B,
-            previous=[0] * B,
-            carried=[torch.empty(0, dtype=torch.long, device=device)] * B,
-            carried_q=[torch.empty(0, V, device=device)] * B,
-            accepted=[[1] for _ in range(B)],
-            n_forward=[1] * B,
-            last_p=[None] * B,
-            committed_p=torch.zeros(B, keep_p, V, device=device) if keep_p else None,
-            inputs=[0] * B,
-        )
-
-    def remember_p(self, b: int, start: int, p: torch.Tensor) -> None:
-        """Keep p [k, V] of row b's positions start .. start+k-1 (when the decoder asked for them)."""
-        if self.committed_p is None:
-            return
-        K = self.committed_p.shape[1]
-        first = max(start, start + len(p) - K)  # only the last K can still be needed
-        self.committed_p[b, torch.arange(first, start + len(p)) % K] = p[first - start :]
-
-    def commit(
-        self,
-        result: VerifyResult,
-        drafts: torch.Tensor,
-        samples: torch.Tensor,
-        p: torch.Tensor,
-        widths: list[int],
-        samples_q: torch.Tensor | None = None,
-        end_row: Callable[[int, int, int], int] | None = None,
-    ) -> None:
-        """Accepted drafts + the next token; the later samples carry over with their q, which is
-        p unless a coupled decoder says otherwise (one host sync). `widths[b]` is how many window
-        slots of row b hold samples (0: the row is complete). `end_row(b, n, n_accepted)` writes
-        what follows row b's accepted drafts and returns how many tokens the forward commits in
-        all (default `end_with_next_token`); the branching decoder commits a sibling there."""
-        samples_q = p if samples_q is None else samples_q
-        for b, n_acc in enumerate(self.read_counts(result.n_accepted)):
-            if widths[b] == 0:
-                continue
-            n = self.committed[b]
-            self.tokens[b, n : n + n_acc] = drafts[b, :n_acc]
-            self.remember_p(b, n, p[b, : n_acc + 1])  # the accepted drafts' and the next token's p
-            if end_row is None:
-                take = self.end_with_next_token(b, n, n_acc, result.next_token[b], p[b, n_acc])
-            else:
-                take = end_row(b, n, n_acc)
-            self.previous[b], self.committed[b] = n, n + take
-            self.carried[b], self.carried_q[b] = samples[b, take : widths[b]], samples_q[b, take : widths[b]]
-            self.accepted[b].append(take)
-            self.n_forward[b] += 1
-            self.inputs[b] += widths[b]
-
-    def finish(self, clock: ForwardClock) -> DecodeResult:
-        """The call's result, with each row's window inputs in its extras."""
-        result = clock.finish(self.tokens, self.n_forward, self.accepted)
-        result.extras["window_inputs"] = list(self.inputs)
-        if self.drafter_forwards is not None:
-            result.extras["drafter_forwards"] = self.drafter_forwards.tolist()
-        return result
-
-    def end_with_next_token(self, b: int, n: int, n_acc: int, token: torch.Tensor, p: torch.Tensor) -> int:
-        """The usual end of a commit: the residual (or bonus) token after the accepted drafts, drawn from p."""
-        self.tokens[b, n + n_acc] = token
-        self.last_p[b] = p  # the residual's source; its arg-max is what sample_horizon wants
-        return n_acc + 1
-
-
-def draw_uniforms(
-    generators: Sequence[torch.Generator], widths: list[int], W: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row, `widths[b]` uniforms for acceptance (+ the residual/bonus draw) and as many for
-    the Jacobi samples, padded to W. Each row draws only what its own window needs, so its
-    random stream, and hence its tokens, do not depend on the other rows of the batch."""
-    u = torch.zeros(len(widths), 2, W, device=device)
-    for b, (g, w) in enumerate(zip(generators, widths)):
-        if w:
-            u[b, :, :w] = torch.rand(2, w, generator=g, device=device)
-    return u[:, 0], u[:, 1]
+    def commit(self, step: WindowStep) -> None:
+        """The accepted drafts and the token after them, the carried drafts; in an SJD window, slot a holds the
+        input at position committed - 1 + a."""
+        step.state.commit(step.result, step.drafts, step.samples, step.p, step.widths, step.samples_q)
+        B, W = step.inputs.shape
+        step.slots = torch.arange(W, device=step.inputs.device).expand(B, W)
+        self.after_commit(step)

@@ -25,26 +25,16 @@ fresh slot and end the verified prefix, as a random draft there ends it in the o
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
-from sjd.core.schedule import OFFICIAL_L, WindowSchedule, check_official_l, make_schedule
-from sjd.core.verify import VerifyResult
+from sjd.core.sampling import logits_to_probs, sample_from
 from sjd.core.verify import verify as speculative_verify
-from sjd.decoders.base import Decoder, DecodeResult, ForwardClock
-from sjd.decoders.sjd import (
-    SJDDecoder,
-    WindowCall,
-    WindowState,
-    check_window_fits,
-    check_window_settings,
-    draw_uniforms,
-)
+from sjd.decoders.window import WindowCall, WindowDecoder, WindowStep
+from sjd.decoders.window_state import WindowState, draw_uniforms
 from sjd.models.base import ModelAdapter
-from sjd.types import EMBEDS, WINDOW, Prompt
+from sjd.types import EMBEDS, WINDOW, ImageLayout
 
 
 @dataclass
@@ -57,33 +47,37 @@ class NoisyWindow:
     drafts: torch.Tensor  # [B, W-1] the drafts verified: carried ones, then forced slots right after them
     q: torch.Tensor  # [B, W-1, V] their draft distributions
     n_drafts: torch.Tensor  # [B]
+    embeds: torch.Tensor | None = None  # [B, W, D] the forward's input embeddings
 
 
-class SJD2Decoder(Decoder):
+@dataclass
+class NoisyState(WindowState):
+    """SJD's row state, and the noise level each carried draft enters the next forward at."""
+
+    levels: list[torch.Tensor] = field(default_factory=list)
+
+
+@dataclass
+class NoisyStep(WindowStep):
+    window: NoisyWindow | None = None
+
+
+@dataclass(eq=False, kw_only=True)
+class SJD2Decoder(WindowDecoder):
     requires = frozenset({WINDOW, EMBEDS})
     lossless = False
 
-    def __init__(
-        self,
-        name: str = "sjd2",
-        window: int = 32,
-        denoise_steps: int = 2,
-        ar_prefix: int = 1,
-        ar_suffix: int = 0,
-        schedule: str = "harness",
-        forced_drafts: bool = True,
-        official_l: int = OFFICIAL_L,
-    ) -> None:
-        if denoise_steps < 1:
-            raise ValueError(f"decoder.denoise_steps must be >= 1, got {denoise_steps}")
+    name: str = "sjd2"
+    window: int = 32
+    denoise_steps: int = 2
+
+    def __post_init__(self) -> None:
+        if self.denoise_steps < 1:
+            raise ValueError(f"decoder.denoise_steps must be >= 1, got {self.denoise_steps}")
         # SJD's window rules; SJD2's official code is unreleased, and its authors' SJD sampler is the one
         # it extends, so `official` is SJD's rule (sjd.core.schedule).
-        check_window_settings(window, ar_prefix, ar_suffix, schedule)
-        check_official_l(official_l)
-        self.name, self.window, self.denoise_steps = name, window, denoise_steps
-        self.ar_prefix, self.ar_suffix, self.schedule, self.official_l = ar_prefix, ar_suffix, schedule, official_l
-        self.forced_drafts = forced_drafts
-        self.lossless = denoise_steps == 1
+        super().__post_init__()
+        self.lossless = self.denoise_steps == 1
 
     def check(self, adapter: ModelAdapter) -> None:
         if EMBEDS not in adapter.capabilities:
@@ -94,57 +88,28 @@ class SJD2Decoder(Decoder):
                 "Emu3 model=lumina_sjd2 / emu3_sjd2 (scripts/finetune_sjd2_hf.py makes theirs)"
             )
         super().check(adapter)
-        self.window_schedule(adapter)  # an unknown official family fails at start-up
-        check_window_fits(self.window, adapter)
-
-    def window_schedule(self, adapter: ModelAdapter) -> WindowSchedule:
-        family = adapter.official_schedule
-        return make_schedule(
-            self.schedule, self.window, self.ar_prefix, self.ar_suffix, adapter.layout, family, self.official_l
-        )
 
     def next_level(self, level: torch.Tensor, pure_noise: int) -> torch.Tensor:
         step = math.ceil(pure_noise / self.denoise_steps)
         return (level - step).clamp(min=0)
 
-    def generate(
-        self,
-        adapter: ModelAdapter,
-        prompts: Sequence[Prompt],
-        sampling: SamplingConfig,
-        generators: Sequence[torch.Generator],
-    ) -> DecodeResult:
-        layout, device, B = adapter.layout, adapter.device, len(prompts)
-        call = WindowCall(adapter, ForwardClock(adapter), sampling, generators, self.window_schedule(adapter))
-        clock = call.clock
-        state = WindowState.empty(B, layout.n_tokens, layout.vocab_size, device)
-        levels = [torch.empty(0, dtype=torch.long, device=device)] * B  # of the carried drafts
-        state.tokens[:, 0] = clock.start(prompts, sampling, generators)
+    def new_state(self, B: int, layout: ImageLayout, device: torch.device) -> NoisyState:
+        empty = torch.empty(0, dtype=torch.long, device=device)
+        return NoisyState(**vars(WindowState.empty(B, layout.n_tokens, layout.vocab_size, device)), levels=[empty] * B)
 
-        while True:
-            widths = SJDDecoder.widths(call.schedule, state)
-            if max(widths) == 0:
-                break
-            win = self.draft(state, levels, widths, call)
-            embeds = adapter.embed(win.tokens, win.levels, win.noise)
-            clock.lap("draft")
-            logits = clock.forward_embeds(embeds, win.levels, [n - 1 for n in state.committed])
-            positions = torch.as_tensor(state.committed, device=device)[:, None] + torch.arange(
-                win.tokens.shape[1], device=device
-            )
-            p = logits_to_probs(logits, positions, layout, sampling)
-            clock.lap("pipeline")
-            result, samples = self.verify(p, win, widths, call)
-            clock.lap("verify")
-            state.commit(result, win.drafts, samples, p, widths)
-            self.carry_levels(state, levels, win, widths, adapter.noise_levels - 1)
-            clock.lap("commit")
-
-        return state.finish(clock)
+    def new_step(self, call: WindowCall, state: WindowState, widths: list[int]) -> NoisyStep:
+        return NoisyStep(call, state, widths)
 
     # -- phases --------------------------------------------------------------------------------------
-    def draft(self, state: WindowState, levels: list[torch.Tensor], widths: list[int], call: WindowCall) -> NoisyWindow:
+    def draft(self, step: NoisyStep) -> None:
+        """The noisy window and its input embeddings."""
+        win = self.noisy_window(step.state, step.widths, step.call)
+        win.embeds = step.call.adapter.embed(win.tokens, win.levels, win.noise)
+        step.window, step.drafts, step.q, step.n_drafts = win, win.drafts, win.q, win.n_drafts
+
+    def noisy_window(self, state: NoisyState, widths: list[int], call: WindowCall) -> NoisyWindow:
         """[last committed, carried drafts (noisy), forced tokens (clean), pure noise] per row."""
+        levels = state.levels
         layout, device, B, W = call.layout, call.device, len(widths), max(widths)
         V, D, noise_level = layout.vocab_size, call.adapter.embed_dim, call.adapter.noise_levels - 1
         forced = layout.forced.to(device)
@@ -173,20 +138,30 @@ class SJD2Decoder(Decoder):
             noise[b, :w] = torch.randn(w, D, generator=call.generators[b], device=device)
         return NoisyWindow(tokens, in_levels, noise, drafts, q, n_drafts)
 
-    @staticmethod
-    def verify(
-        p: torch.Tensor, win: NoisyWindow, widths: list[int], call: WindowCall
-    ) -> tuple[VerifyResult, torch.Tensor]:
-        """SJD's speculative rule up to the first slot without a draft; the model's samples everywhere."""
-        u_accept, u_jacobi = draw_uniforms(call.generators, widths, p.shape[1], p.device)
-        u_final = u_accept.gather(1, win.n_drafts[:, None]).squeeze(1)
-        result = speculative_verify(p, win.drafts, win.q, win.n_drafts, u_accept[:, :-1], u_final)
-        return result, sample_from(p, u_jacobi)
+    def forward(self, step: NoisyStep) -> None:
+        """The embeddings against the cache; output i of row b predicts position committed[b] + i."""
+        call, committed, win = step.call, step.state.committed, step.window
+        step.logits = call.clock.forward_embeds(win.embeds, win.levels, [n - 1 for n in committed])
+        offsets = torch.arange(win.tokens.shape[1], device=call.device)
+        step.positions = torch.as_tensor(committed, device=call.device)[:, None] + offsets
+        step.p = logits_to_probs(step.logits, step.positions, call.layout, call.sampling)
 
-    def carry_levels(
-        self, state: WindowState, levels: list[torch.Tensor], win: NoisyWindow, widths: list[int], noise_level: int
-    ) -> None:
+    def verify(self, step: NoisyStep) -> None:
+        """SJD's speculative rule up to the first slot without a draft; the model's samples everywhere."""
+        p, win = step.p, step.window
+        u_accept, u_jacobi = draw_uniforms(step.call.generators, step.widths, p.shape[1], p.device)
+        u_final = u_accept.gather(1, win.n_drafts[:, None]).squeeze(1)
+        step.result = speculative_verify(p, win.drafts, win.q, win.n_drafts, u_accept[:, :-1], u_final)
+        step.samples = sample_from(p, u_jacobi)
+
+    def commit(self, step: NoisyStep) -> None:
+        """SJD's commit; each carried draft then enters the next forward one denoising step cleaner."""
+        step.state.commit(step.result, step.drafts, step.samples, step.p, step.widths)
+        self.carry_levels(step.state, step.window, step.widths, step.call.adapter.noise_levels - 1)
+
+    def carry_levels(self, state: NoisyState, win: NoisyWindow, widths: list[int], noise_level: int) -> None:
         """After the commit: each carried draft enters the next forward one denoising step cleaner."""
+        levels = state.levels
         for b in range(len(widths)):
             if widths[b] == 0:
                 continue

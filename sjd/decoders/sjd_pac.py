@@ -34,18 +34,17 @@ Our choices (SJD-PAC's code is unreleased; its page gives depth 3, width 4):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
-from sjd.core.schedule import OFFICIAL_L
+from sjd.core.sampling import logits_to_probs, sample_from
 from sjd.core.verify import VerifyResult, accept_tests, accepted_prefix, residual, stop_slot
-from sjd.decoders.base import DecodeResult
+from sjd.decoders.base import DecodeResult, ForwardClock
 from sjd.decoders.coupled import CoupledSJDDecoder
-from sjd.decoders.sjd import WindowCall, WindowState
-from sjd.models.base import ModelAdapter
-from sjd.types import CUSTOM_MASK, WINDOW, ImageLayout, Prompt
+from sjd.decoders.window import WindowCall, WindowStep
+from sjd.decoders.window_state import WindowState
+from sjd.types import CUSTOM_MASK, WINDOW, ImageLayout
 
 ONE_HOT = 1.0 - 1e-6  # a q whose top mass is above this has no room for siblings
 
@@ -65,6 +64,7 @@ class TreeWindow:
     siblings: torch.Tensor  # [B, D, K-1] sibling ids at chain draft k
     sibling_slot: torch.Tensor  # [B, D, K-1] their slots (0 where absent)
     has_sibling: torch.Tensor  # [B, D, K-1]
+    keep: torch.Tensor | None = None  # [B, N] generated positions whose cached K/V each row keeps
 
 
 @dataclass
@@ -80,63 +80,74 @@ class TreeVerdict:
     samples_q: torch.Tensor  # [B, C+1, V] their q
 
 
+@dataclass
+class TreeState(WindowState):
+    """SJD's row state, and per row what the cache holds and how often a sibling was committed."""
+
+    cached: list[int] = field(default_factory=list)  # generated positions below cached[b] hold committed K/V
+    branch_commits: list[int] = field(default_factory=list)  # forwards whose committed token was a sibling
+
+    def finish(self, clock: ForwardClock) -> DecodeResult:
+        result = super().finish(clock)
+        result.extras["branch_commits"] = self.branch_commits
+        return result
+
+
+@dataclass
+class TreeStep(WindowStep):
+    """An SJD-PAC iteration: the tree window, p at all its slots, and the verdict."""
+
+    window: TreeWindow | None = None
+    tree_p: torch.Tensor | None = None  # [B, W, V] p at every slot, siblings included
+    verdict: TreeVerdict | None = None
+
+
+@dataclass(eq=False, kw_only=True)
 class SJDPACDecoder(CoupledSJDDecoder):
     requires = frozenset({WINDOW, CUSTOM_MASK})
 
-    def __init__(
-        self,
-        name: str = "csjd_pac",
-        window: int = 64,
-        init: str = "vertical_dist",
-        coupling: str = "maximal",
-        branches: int = 4,
-        branch_depth: int = 3,
-        ar_prefix: int = 1,
-        ar_suffix: int = 0,
-        forced_drafts: bool = True,
-        schedule: str = "harness",
-        official_l: int = OFFICIAL_L,
-    ) -> None:
-        if branches < 1 or branch_depth < 0:
+    name: str = "csjd_pac"
+    window: int = 64
+    branches: int = 4
+    branch_depth: int = 3
+
+    def __post_init__(self) -> None:
+        if self.branches < 1 or self.branch_depth < 0:
             raise ValueError(
-                f"decoder.branches must be >= 1 and decoder.branch_depth >= 0, got {branches}, {branch_depth}"
+                f"decoder.branches must be >= 1 and decoder.branch_depth >= 0, got {self.branches}, {self.branch_depth}"
             )
-        super().__init__(name, window, init, coupling, ar_prefix, ar_suffix, forced_drafts, schedule, official_l)
-        self.branches, self.branch_depth = branches, branch_depth
+        super().__post_init__()
 
-    def generate(
-        self,
-        adapter: ModelAdapter,
-        prompts: Sequence[Prompt],
-        sampling: SamplingConfig,
-        generators: Sequence[torch.Generator],
-    ) -> DecodeResult:
-        call = self.new_call(adapter, sampling, generators)
-        clock, layout, device, B = call.clock, call.layout, call.device, len(prompts)
-        state = self.start(call, prompts)
-        cached = [0] * B  # generated positions below cached[b] hold their committed token's K/V
-        branch_commits = [0] * B  # forwards whose committed token was a sibling (reported in extras)
+    def new_state(self, B: int, layout: ImageLayout, device: torch.device) -> TreeState:
+        state = super().new_state(B, layout, device)
+        return TreeState(**vars(state), cached=[0] * B, branch_commits=[0] * B)
 
-        while True:
-            widths = self.widths(call.schedule, state)
-            if max(widths) == 0:
-                break
-            win = self.build_window(state, cached, widths, call)
-            keep = torch.arange(layout.n_tokens, device=device)[None, :] < torch.tensor(cached, device=device)[:, None]
-            clock.lap("draft")
-            logits = clock.forward_at(win.tokens, win.positions, keep, win.mask, win.transient)
-            predicted = torch.where(win.positions >= 0, win.positions + 1, layout.n_tokens).clamp(max=layout.n_tokens)
-            p = logits_to_probs(logits, predicted.to(device), layout, sampling)
-            clock.lap("pipeline")
-            verdict = self.verify_tree(state, win, p, call)
-            clock.lap("verify")
-            self.commit_tree(state, cached, branch_commits, win, verdict, widths)
-            self.after_commit(state, logits, self.tree_committed_slots(win, verdict), call)
-            clock.lap("commit")
+    def new_step(self, call: WindowCall, state: WindowState, widths: list[int]) -> TreeStep:
+        return TreeStep(call, state, widths)
 
-        result = state.finish(clock)
-        result.extras["branch_commits"] = branch_commits
-        return result
+    def draft(self, step: TreeStep) -> None:
+        """The tree window: lead-in, chain drafts, siblings."""
+        state, call = step.state, step.call
+        win = self.build_window(state, state.cached, step.widths, call)
+        cached = torch.tensor(state.cached, device=call.device)
+        win.keep = torch.arange(call.layout.n_tokens, device=call.device)[None, :] < cached[:, None]
+        step.window, step.drafts, step.q, step.n_drafts = win, win.drafts, win.q, win.n_drafts
+
+    def forward(self, step: TreeStep) -> None:
+        """The tree through the model; p at every slot (output at position i predicts i + 1)."""
+        win, call = step.window, step.call
+        N = call.layout.n_tokens
+        step.logits = call.clock.forward_at(win.tokens, win.positions, win.keep, win.mask, win.transient)
+        predicted = torch.where(win.positions >= 0, win.positions + 1, N).clamp(max=N)
+        step.tree_p = logits_to_probs(step.logits, predicted.to(call.device), call.layout, call.sampling)
+
+    def verify(self, step: TreeStep) -> None:
+        step.verdict = self.verify_tree(step)
+
+    def commit(self, step: TreeStep) -> None:
+        self.commit_tree(step.state, step.window, step.verdict, step.widths)
+        step.slots = self.tree_committed_slots(step.window, step.verdict)
+        self.after_commit(step)
 
     # -- phases --------------------------------------------------------------------------------------
     def plan_row(self, state: WindowState, b: int, lead: int, width: int, layout: ImageLayout, generator):
@@ -212,8 +223,9 @@ class SJDPACDecoder(CoupledSJDDecoder):
             tokens, positions, mask, transient, chain_slot, drafts, q, n_drafts, siblings, sibling_slot, has_sibling
         )
 
-    def verify_tree(self, state: WindowState, win: TreeWindow, p: torch.Tensor, call: WindowCall) -> TreeVerdict:
+    def verify_tree(self, step: TreeStep) -> TreeVerdict:
         """Chain tests; recursive rejection sampling over the siblings at the first rejection."""
+        win, p, call = step.window, step.tree_p, step.call
         B, C, device = p.shape[0], win.drafts.shape[1], p.device
         rows = torch.arange(B, device=device)
         p_chain = p[rows[:, None], win.chain_slot.to(device)]  # [B, C+1, V]
@@ -233,24 +245,17 @@ class SJDPACDecoder(CoupledSJDDecoder):
         next_token = sample_from(target, u["final"])
         bonus = self.bonus_after_sibling(sib_p, win, n_acc + 1, u)
 
-        result = VerifyResult(n_acc, next_token, accepted)
-        positions = torch.as_tensor(state.committed, device=device)[:, None] + torch.arange(C + 1, device=device)
-        samples, samples_q = self.next_drafts(
-            p_chain, win.drafts, win.q, win.n_drafts, result, u["jacobi"], positions, state
-        )
-        return TreeVerdict(result, p_chain, picked, sib_p, bonus, samples, samples_q)
+        step.result = VerifyResult(n_acc, next_token, accepted)
+        offsets = torch.arange(C + 1, device=device)
+        step.positions, step.p = torch.as_tensor(step.state.committed, device=device)[:, None] + offsets, p_chain
+        step.samples, step.samples_q = self.next_drafts(step, u["jacobi"])
+        return TreeVerdict(step.result, p_chain, picked, sib_p, bonus, step.samples, step.samples_q)
 
-    def commit_tree(
-        self,
-        state: WindowState,
-        cached: list[int],
-        branch_commits: list[int],
-        win: TreeWindow,
-        verdict: TreeVerdict,
-        widths: list[int],
-    ) -> None:
+    @staticmethod
+    def commit_tree(state: TreeState, win: TreeWindow, verdict: TreeVerdict, widths: list[int]) -> None:
         """SJD's commit of the accepted chain; where a sibling was accepted, it and its bonus end the row."""
         N, picked = state.tokens.shape[1], verdict.picked.tolist()
+        cached, branch_commits = state.cached, state.branch_commits
 
         def end_row(b: int, n: int, j: int) -> int:
             cached[b] = n + j  # lead-in and accepted chain drafts were written with their tokens

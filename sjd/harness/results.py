@@ -279,7 +279,7 @@ def accept_histogram(accepted_lists) -> dict[int, int]:
     return {int(k): int(v) for k, v in sorted(counts.items())}
 
 
-def summarize(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.DataFrame:
+def summary_rows(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.DataFrame:
     """One row per decoder. Step compression is a ratio of sums (tokens / forwards); the
     latency speedup is the baseline's mean latency over this decoder's, on the same prompts.
 

@@ -67,7 +67,7 @@ from sjd.harness.results import (
     read_samples,
     sample_files,
     shard_file,
-    summarize,
+    summary_rows,
     write_summary,
 )
 from sjd.models.base import ModelAdapter
@@ -326,7 +326,7 @@ def summarise(job: RankJob, sampling: SamplingConfig, eval_cfg: dict | None) -> 
     decoder, with FID/CLIP when the eval config asks for them and the in-run audit when `audit.n` is set."""
     merge_samples(job.run_dir, job.decoder_names, [(p.prompt_id, k) for p, k in job.samples])
     samples = read_samples(job.run_dir)
-    summary = summarize(samples, job.baseline, job.meta)
+    summary = summary_rows(samples, job.baseline, job.meta)
     if eval_cfg:
         from sjd.eval.quality import evaluate
 

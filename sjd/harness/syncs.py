@@ -212,7 +212,7 @@ PURPOSES = {
     "base.py check_finite": "the NaN/inf guard on the logits, read at once: the prefill's, and every forward's "
     "in decoders that read no count after each forward",
     "base.py finish": "copies the finished tokens to the host, once a decode",
-    "sjd.py commit": "reads the accepted lengths",
+    "window_state.py commit": "reads the accepted lengths",
     "sjd_pac.py plan_row": "the branch plan reads per-row probabilities on the host (not yet on the device)",
     "sjd_pac.py <genexpr>": "the branch plan reads per-row counts on the host (not yet on the device)",
     "sjd_pac.py verify_tree": "verification at the siblings reads which sibling was accepted on the host",

@@ -114,10 +114,6 @@ class ModelAdapter(ABC):
         raise NotImplementedError(f"model {self.name!r} does not provide the {CODE_EMBEDDINGS!r} capability")
 
     @abstractmethod
-    def truncate(self, lengths: Sequence[int]) -> None:
-        """Keep generated positions < lengths[b] of row b; drop the rest."""
-
-    @abstractmethod
     def decode_images(self, tokens: torch.Tensor) -> np.ndarray:
         """[B, n_tokens] generated ids -> [B, H, W, 3] uint8 images."""
 

@@ -103,11 +103,6 @@ class StandinLuminaAdapter(LuminaAdapter):
         """Each code painted in its codebook colour, PIXELS_PER_CODE pixels a side."""
         return paint(self.colours, self.image_codes(tokens))
 
-    def procedural_codes(self, caption: str, rng: np.random.Generator) -> np.ndarray:
-        """[h, w] codes of one training-distribution image for `caption` (what the stand-in imitates)."""
-        layout = self.layout
-        return self.images.sample(Theme.parse(caption), layout.height, layout.width, rng, self.images.codebook())
-
 
 class StandinLlamaGenAdapter(LlamaGenAdapter):
     """A shipped LlamaGen stand-in (`asset`) or any directory (`weights`) holding gpt.safetensors,

@@ -190,7 +190,7 @@ def test_a_stale_q_is_caught_on_the_toy_at_window_64_where_exact_maximal_couplin
     sampling = SamplingConfig(cfg_scale=3.0)
     draws = AuditDraws(toy, sampling, "large red circle center and small blue square top left on green", 100, 50, 0)
     faulty = draws.one_sample(draws.draw(make_control("stale_q_maximal", window=64)))
-    exact = draws.one_sample(draws.draw(CoupledSJDDecoder("csjd", 64, coupling="maximal")))
+    exact = draws.one_sample(draws.draw(CoupledSJDDecoder(name="csjd", window=64, coupling="maximal")))
     assert faulty["tf_p"] < 1e-6 and faulty["tf_n_tokens"] == 100 * 144, faulty
     assert exact["tf_p"] > 1e-3, exact
 
@@ -214,7 +214,11 @@ def test_a_reused_gumbel_vector_and_low_precision_drafts_are_caught_on_a_lumina_
     from sjd.decoders.coupled import CoupledSJDDecoder
 
     # the decoder each control corrupts: Gumbel-coupled SJD with a vector per position, and plain SJD
-    same = CoupledSJDDecoder("csjd_gumbel", 16, coupling="gumbel") if exact == "gumbel" else SJDDecoder("sjd", 16)
+    same = (
+        CoupledSJDDecoder(name="csjd_gumbel", window=16, coupling="gumbel")
+        if exact == "gumbel"
+        else SJDDecoder(window=16)
+    )
     passing = draws.one_sample(draws.draw(same))
     assert faulty["tf_p"] < 1e-6 and faulty["tf_n_tokens"] == 4 * 1024, faulty
     assert passing["tf_p"] > 1e-3, passing

@@ -160,7 +160,10 @@ def test_the_audit_catches_block_verification_stacked_on_maximal_coupling(run_au
     """Why coupled decoders keep the token rule: block verification's accepted length depends on
     every draft of the window, so the drafts that maximal coupling keeps for the next iteration
     are conditioned on it, and the micro audit rejects the result outright."""
-    block_accept = lambda self, *args: block_verify(*args[:6])  # accept's last argument is the call, not a tensor
+
+    def block_accept(self, step, accept_uniforms, sample_uniforms):
+        return block_verify(step.p, step.drafts, step.q, step.n_drafts, accept_uniforms, sample_uniforms)
+
     monkeypatch.setattr(CoupledSJDDecoder, "accept", block_accept)
     report = run_audit(["decoder=csjd", "n_samples=20000"])
     assert report["p_value"] < 1e-6, report

@@ -217,7 +217,7 @@ def test_an_unknown_schedule_fails_naming_the_key():
 def test_the_schedule_is_recorded_in_the_summary_rows():
     import pandas as pd
 
-    from sjd.harness.results import summarize
+    from sjd.harness.results import summary_rows
 
     rows = [
         {"decoder": d, "prompt_id": "p", "n_tokens": 10, "n_forward": 5, "latency_s": 1.0, "prefill_s": 0.1,
@@ -226,7 +226,7 @@ def test_the_schedule_is_recorded_in_the_summary_rows():
     ]  # fmt: skip
     configs = {"ar": ARDecoder().config(), "sjd": SJDDecoder(schedule="official").config()}
     configs["sjd_harness"] = SJDDecoder(name="sjd_harness").config()
-    summary = summarize(pd.DataFrame(rows), "ar", {"model": "toy", "decoder_configs": configs}).set_index("decoder")
+    summary = summary_rows(pd.DataFrame(rows), "ar", {"model": "toy", "decoder_configs": configs}).set_index("decoder")
     assert summary["schedule"].to_dict() == {"ar": "", "sjd": "official", "sjd_harness": "harness"}
     assert summary["inputs_per_token"].isna().all()  # the rows record no window inputs
 
@@ -234,7 +234,7 @@ def test_the_schedule_is_recorded_in_the_summary_rows():
 def test_inputs_per_token_sums_the_window_inputs_over_the_generated_tokens():
     import pandas as pd
 
-    from sjd.harness.results import summarize
+    from sjd.harness.results import summary_rows
 
     rows = [
         {"decoder": d, "prompt_id": p, "n_tokens": 10, "n_forward": 5, "latency_s": 1.0, "prefill_s": 0.1,
@@ -243,7 +243,7 @@ def test_inputs_per_token_sums_the_window_inputs_over_the_generated_tokens():
         for d, p, inputs in (("ar", "a", 9), ("ar", "b", 9), ("sjd", "a", 30), ("sjd", "b", 50))
     ]  # fmt: skip
     configs = {"ar": ARDecoder().config(), "sjd": SJDDecoder().config()}
-    summary = summarize(pd.DataFrame(rows), "ar", {"model": "toy", "decoder_configs": configs}).set_index("decoder")
+    summary = summary_rows(pd.DataFrame(rows), "ar", {"model": "toy", "decoder_configs": configs}).set_index("decoder")
     assert summary["inputs_per_token"].to_dict() == {"ar": 0.9, "sjd": 4.0}
 
 

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from sjd.core.sampling import SamplingConfig
 from sjd.core.seeding import make_generators
 from sjd.decoders.stages import STAGES, StageClock
-from sjd.harness.results import STAGE_COLUMNS, summarize
+from sjd.harness.results import STAGE_COLUMNS, summary_rows
 from sjd.types import Prompt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_every_decoder_splits_decode_time_into_fractions_that_sum_to_one(name, t
 def summarize_rows(rows: list[dict]) -> pd.DataFrame:
     filler = {"n_tokens": 10, "n_forward": 5, "latency_s": 1.0, "prefill_s": 0.1, "model_s": 0.5}
     filler |= {"accepted": [2, 2], "peak_mem_mb": 0.0, "peak_mem_kind": "none"}
-    return summarize(pd.DataFrame([filler | r for r in rows]), None, {"model": "toy"})
+    return summary_rows(pd.DataFrame([filler | r for r in rows]), None, {"model": "toy"})
 
 
 def test_samples_without_a_split_give_nan_fractions():

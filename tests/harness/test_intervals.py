@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from sjd.harness import intervals
-from sjd.harness.results import summarize
+from sjd.harness.results import summary_rows
 from studies.regime import ratio_interval
 
 
@@ -41,7 +41,7 @@ def test_the_ratio_standard_error_matches_the_spread_of_resampled_ratios():
 def test_constant_per_prompt_ratios_give_a_zero_width_interval_at_that_ratio():
     base = [1.0, 2.0, 5.0, 3.0, 0.5]
     table = pd.DataFrame(rows("ar", [120] * 5, base) + rows("sjd", [40, 30, 24, 60, 40], [t / 4 for t in base]))
-    sjd = summarize(table, "ar", {"model": "toy"}).set_index("decoder").loc["sjd"]
+    sjd = summary_rows(table, "ar", {"model": "toy"}).set_index("decoder").loc["sjd"]
     assert sjd["latency_speedup"] == pytest.approx(4.0)
     assert (sjd["latency_speedup_lo"], sjd["latency_speedup_hi"]) == (pytest.approx(4.0), pytest.approx(4.0))
     assert sjd["efficiency_lo"] == pytest.approx(sjd["efficiency"]) == pytest.approx(sjd["efficiency_hi"])
@@ -67,7 +67,7 @@ def test_step_compression_over_sjd_is_paired_and_seeds_are_summed_per_prompt():
     )  # fmt: skip
     units = intervals.prompt_units(table)
     assert units.loc[("sjd", "0"), "n_forward"] == 80.0 and units.loc[("sjd", "0"), "n_seeds"] == 2
-    summary = summarize(table, "ar", {"model": "toy"}).set_index("decoder")
+    summary = summary_rows(table, "ar", {"model": "toy"}).set_index("decoder")
     fast = summary.loc["fast"]
     assert fast["vs_sjd"] == pytest.approx(1.5)
     assert fast["vs_sjd_lo"] == pytest.approx(1.5) and fast["vs_sjd_hi"] == pytest.approx(1.5)
@@ -77,7 +77,7 @@ def test_step_compression_over_sjd_is_paired_and_seeds_are_summed_per_prompt():
 
 def test_one_prompt_has_no_interval_and_an_interval_says_whether_it_excludes_one():
     table = pd.DataFrame(rows("ar", [120], [1.0]) + rows("sjd", [40], [0.5]))
-    sjd = summarize(table, "ar", {"model": "toy"}).set_index("decoder").loc["sjd"]
+    sjd = summary_rows(table, "ar", {"model": "toy"}).set_index("decoder").loc["sjd"]
     assert math.isnan(sjd["latency_speedup_lo"]) and math.isnan(sjd["n_forward_se"])
     assert intervals.excludes_one(1.1, 1.4) and intervals.excludes_one(0.5, 0.9)
     assert intervals.excludes_one(0.9, 1.2) is False and intervals.excludes_one(float("nan"), 2.0) is None
@@ -110,7 +110,7 @@ def test_latency_intervals_resample_timed_batches_not_the_prompts_in_them():
     table = pd.DataFrame(batched("ar", base, 8) + batched("sjd", mine, 8))
     units = intervals.batch_units(table)
     assert len(units.loc["sjd"]) == 4 and list(units.loc["sjd", "latency_s"]) == mine
-    sjd = summarize(table, "ar", {"model": "toy"}).set_index("decoder").loc["sjd"]
+    sjd = summary_rows(table, "ar", {"model": "toy"}).set_index("decoder").loc["sjd"]
     assert sjd["latency_units"] == 4
     expected = intervals.bootstrap_interval(intervals.latency_ratio, [np.array(base), np.array(mine)])
     assert (sjd["latency_speedup_lo"], sjd["latency_speedup_hi"]) == pytest.approx(expected)
@@ -120,7 +120,7 @@ def test_latency_intervals_resample_timed_batches_not_the_prompts_in_them():
 
 
 def test_one_timed_batch_has_no_latency_interval_and_old_lines_are_grouped_by_their_clocks():
-    one = summarize(pd.DataFrame(batched("ar", [4.0], 8) + batched("sjd", [2.0], 8)), "ar", {"model": "toy"})
+    one = summary_rows(pd.DataFrame(batched("ar", [4.0], 8) + batched("sjd", [2.0], 8)), "ar", {"model": "toy"})
     sjd = one.set_index("decoder").loc["sjd"]
     assert sjd["latency_units"] == 1 and math.isnan(sjd["latency_speedup_lo"]) and math.isnan(sjd["efficiency_lo"])
     assert not math.isnan(sjd["step_compression"]) and sjd["n_captions"] == 8

@@ -1,11 +1,11 @@
-"""sjd.harness.results.summarize: the in-run forward cost and efficiency that keep decoder bookkeeping visible."""
+"""sjd.harness.results.summary_rows: the in-run forward cost and efficiency that keep decoder bookkeeping visible."""
 
 import math
 
 import pandas as pd
 import pytest
 
-from sjd.harness.results import summarize
+from sjd.harness.results import summary_rows
 
 
 def samples(decoder: str, n_forward: int, latency_s: float, model_s: float, n: int = 2) -> list[dict]:
@@ -22,7 +22,7 @@ def test_efficiency_is_speedup_over_what_model_time_allows():
     # AR: 10 one-token forwards, 0.9 s of its 1.0 s in the model. The decoder: 2 forwards of 0.15 s
     # (each costs 1.67 one-token forwards), 0.3 s of its 0.5 s in the model.
     table = pd.DataFrame(samples("ar", 10, 1.0, 0.9) + samples("sjd", 2, 0.5, 0.3))
-    rows = summarize(table, "ar", {"model": "toy"}).set_index("decoder")
+    rows = summary_rows(table, "ar", {"model": "toy"}).set_index("decoder")
     assert rows.loc["sjd", "step_compression"] == 5.0 and rows.loc["sjd", "latency_speedup"] == pytest.approx(2.0)
     assert rows.loc["sjd", "forward_cost"] == pytest.approx(0.15 / 0.09)
     # At best 5 / 1.67 = 3x faster; it is 2x faster: two thirds, = its model-time share over AR's.
@@ -32,15 +32,15 @@ def test_efficiency_is_speedup_over_what_model_time_allows():
 
 
 def test_slower_bookkeeping_lowers_efficiency_not_forward_cost():
-    lean = summarize(pd.DataFrame(samples("ar", 10, 1.0, 0.9) + samples("x", 2, 0.4, 0.3)), "ar", {"model": "toy"})
-    heavy = summarize(pd.DataFrame(samples("ar", 10, 1.0, 0.9) + samples("x", 2, 0.8, 0.3)), "ar", {"model": "toy"})
+    lean = summary_rows(pd.DataFrame(samples("ar", 10, 1.0, 0.9) + samples("x", 2, 0.4, 0.3)), "ar", {"model": "toy"})
+    heavy = summary_rows(pd.DataFrame(samples("ar", 10, 1.0, 0.9) + samples("x", 2, 0.8, 0.3)), "ar", {"model": "toy"})
     lean, heavy = lean.set_index("decoder").loc["x"], heavy.set_index("decoder").loc["x"]
     assert lean.forward_cost == pytest.approx(heavy.forward_cost)
     assert heavy.efficiency == pytest.approx(lean.efficiency / 2)
 
 
 def test_without_a_baseline_there_is_nothing_to_compare():
-    rows = summarize(pd.DataFrame(samples("sjd", 2, 0.5, 0.3)), None, {"model": "toy"})
+    rows = summary_rows(pd.DataFrame(samples("sjd", 2, 0.5, 0.3)), None, {"model": "toy"})
     assert math.isnan(rows.loc[0, "efficiency"]) and math.isnan(rows.loc[0, "forward_cost"])
 
 

@@ -189,7 +189,7 @@ class TestJanus(AdapterContract, DecodersOnAdapterContract, LibraryGenerateContr
     greedy_decoders = {
         "sjd8": SJDDecoder(window=8),
         "sjd16v": SJDDecoder(window=16, init="vertical"),
-        "jacobi8": JacobiDecoder(8),
+        "jacobi8": JacobiDecoder(window=8),
         "pjd4-full-context": PJDDecoder(window=4, context=SIDE),
         "pjd8v-full-context": PJDDecoder(window=8, context=SIDE, init="vertical"),
     }

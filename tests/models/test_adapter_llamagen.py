@@ -312,7 +312,7 @@ class TestLlamaGen(AdapterContract, DecodersOnAdapterContract, LoadsWeightsContr
     greedy_decoders = {
         "sjd8": SJDDecoder(window=8),
         "sjd12v": SJDDecoder(window=12, init="vertical"),
-        "jacobi8": JacobiDecoder(8),
+        "jacobi8": JacobiDecoder(window=8),
         "pjd4-full-context": PJDDecoder(window=4, context=GRID),
         "pjd8v-full-context": PJDDecoder(window=8, context=GRID, init="vertical"),
     }

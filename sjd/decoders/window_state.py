@@ -1,0 +1,113 @@
+"""What a window decoder keeps per row across iterations (`WindowState`), and the per-row uniforms of one
+iteration (`draw_uniforms`). The loop that uses them is sjd.decoders.window."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sjd.core.verify import VerifyResult
+from sjd.decoders.base import DecodeResult, ForwardClock
+
+
+@dataclass
+class WindowState:
+    """Per row: the output buffer, how much is committed, and the drafts carried past it."""
+
+    tokens: torch.Tensor  # [B, N]
+    committed: list[int]
+    previous: list[int]  # committed before the last commit (0 before the prefill's token)
+    carried: list[torch.Tensor]  # drafts for positions committed[b], committed[b] + 1, ...
+    carried_q: list[torch.Tensor]  # ... and the distributions they were drawn from
+    accepted: list[list[int]]
+    n_forward: list[int]
+    last_p: list[torch.Tensor | None]  # the distribution the last committed token was drawn from
+    noise: torch.Tensor | None = None  # per-position coupling noise of coupled decoders [B, N, V]
+    committed_p: torch.Tensor | None = None  # [B, K, V]: p of the last K committed positions, at pos % K
+    inputs: list[int] | None = None  # window inputs forwarded after the prefill (the forwards' compute)
+    drafter_forwards: torch.Tensor | None = None  # [B] a trained drafter's forwards per row (sjd.decoders.drafted)
+    read_counts: Callable[[torch.Tensor], list[int]] = torch.Tensor.tolist  # brings per-row counts to the host
+
+    @classmethod
+    def empty(cls, B: int, N: int, V: int, device: torch.device, keep_p: int = 0) -> WindowState:
+        return cls(
+            tokens=torch.empty(B, N, dtype=torch.long, device=device),
+            committed=[1] * B,
+            previous=[0] * B,
+            carried=[torch.empty(0, dtype=torch.long, device=device)] * B,
+            carried_q=[torch.empty(0, V, device=device)] * B,
+            accepted=[[1] for _ in range(B)],
+            n_forward=[1] * B,
+            last_p=[None] * B,
+            committed_p=torch.zeros(B, keep_p, V, device=device) if keep_p else None,
+            inputs=[0] * B,
+        )
+
+    def remember_p(self, b: int, start: int, p: torch.Tensor) -> None:
+        """Keep p [k, V] of row b's positions start .. start+k-1 (when the decoder asked for them)."""
+        if self.committed_p is None:
+            return
+        K = self.committed_p.shape[1]
+        first = max(start, start + len(p) - K)  # only the last K can still be needed
+        self.committed_p[b, torch.arange(first, start + len(p)) % K] = p[first - start :]
+
+    def commit(
+        self,
+        result: VerifyResult,
+        drafts: torch.Tensor,
+        samples: torch.Tensor,
+        p: torch.Tensor,
+        widths: list[int],
+        samples_q: torch.Tensor | None = None,
+        end_row: Callable[[int, int, int], int] | None = None,
+    ) -> None:
+        """Accepted drafts + the next token; the later samples carry over with their q, which is
+        p unless a coupled decoder says otherwise (one host sync). `widths[b]` is how many window
+        slots of row b hold samples (0: the row is complete). `end_row(b, n, n_accepted)` writes
+        what follows row b's accepted drafts and returns how many tokens the forward commits in
+        all (default `end_with_next_token`); the branching decoder commits a sibling there."""
+        samples_q = p if samples_q is None else samples_q
+        for b, n_acc in enumerate(self.read_counts(result.n_accepted)):
+            if widths[b] == 0:
+                continue
+            n = self.committed[b]
+            self.tokens[b, n : n + n_acc] = drafts[b, :n_acc]
+            self.remember_p(b, n, p[b, : n_acc + 1])  # the accepted drafts' and the next token's p
+            if end_row is None:
+                take = self.end_with_next_token(b, n, n_acc, result.next_token[b], p[b, n_acc])
+            else:
+                take = end_row(b, n, n_acc)
+            self.previous[b], self.committed[b] = n, n + take
+            self.carried[b], self.carried_q[b] = samples[b, take : widths[b]], samples_q[b, take : widths[b]]
+            self.accepted[b].append(take)
+            self.n_forward[b] += 1
+            self.inputs[b] += widths[b]
+
+    def finish(self, clock: ForwardClock) -> DecodeResult:
+        """The call's result, with each row's window inputs in its extras."""
+        result = clock.finish(self.tokens, self.n_forward, self.accepted)
+        result.extras["window_inputs"] = list(self.inputs)
+        if self.drafter_forwards is not None:
+            result.extras["drafter_forwards"] = self.drafter_forwards.tolist()
+        return result
+
+    def end_with_next_token(self, b: int, n: int, n_acc: int, token: torch.Tensor, p: torch.Tensor) -> int:
+        """The usual end of a commit: the residual (or bonus) token after the accepted drafts, drawn from p."""
+        self.tokens[b, n + n_acc] = token
+        self.last_p[b] = p  # the residual's source; its arg-max is what sample_horizon wants
+        return n_acc + 1
+
+
+def draw_uniforms(
+    generators: Sequence[torch.Generator], widths: list[int], W: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, `widths[b]` uniforms for acceptance (+ the residual/bonus draw) and as many for
+    the Jacobi samples, padded to W. Each row draws only what its own window needs, so its
+    random stream, and hence its tokens, do not depend on the other rows of the batch."""
+    u = torch.zeros(len(widths), 2, W, device=device)
+    for b, (g, w) in enumerate(zip(generators, widths)):
+        if w:
+            u[b, :, :w] = torch.rand(2, w, generator=g, device=device)
+    return u[:, 0], u[:, 1]
