@@ -1,11 +1,11 @@
 """Host syncs and operator calls per decoder iteration, counted on the CPU (sjd/harness/syncs.py).
 
     python scripts/count_syncs.py [--model toy] [--decoders ar,sjd,...] [--windows 16,64] [--batches 1,8]
-                                  [--out results/syncs.csv]
+                                  [--caches dynamic,static] [--out results/syncs.csv]
 
-For every decoder of conf/decoder/ (or `--decoders`) at each window and batch size, one decode of the model's
-first prompts under a SyncCounter: syncs per iteration in the decoder, in the logits pipeline and in the model
-forward, the decoder's sync sites with what each is for, and operator calls outside the forward (kernel
+For every decoder of conf/decoder/ (or `--decoders`) on each KV cache at each window and batch size, one decode
+of the model's first prompts under a SyncCounter: syncs per iteration in the decoder, in the logits pipeline and
+in the model forward, the decoder's sync sites with what each is for, and operator calls outside the forward (kernel
 launches on a GPU). Counts, not times: the same on any machine for the same code and seeds. Writes the table
 with its provenance (model, command, git hash, torch) to `--out` when given.
 """
@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--decoders", default=None, help="comma-separated conf/decoder/ names (default: every one)")
     ap.add_argument("--windows", type=ints, default=[16, 64])
     ap.add_argument("--batches", type=ints, default=[1, 8])
+    ap.add_argument("--caches", default="dynamic,static", help="KV caches to count on (run.py's cache)")
     ap.add_argument("--out", type=Path, default=None, help="write the table here (results/syncs.csv is ours)")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -51,21 +52,25 @@ def main() -> None:
         except ValueError as e:  # a setting the model cannot take (PJD's context on the toy's short rows)
             print(f"skipped {name}: {e}")
     rows = []
-    for batch in args.batches:
-        (group,) = prompt_batches(args.model, 1, batch)
-        prompts = [p for p, _ in group]
-        for e in field:
-            gens = make_generators(0, [p.prompt_id for p in prompts], adapter.device)
-            decode = functools.partial(e.decoder.generate, adapter, prompts, sampling, gens)
-            with torch.no_grad():
-                counts = count_decode(decode, adapter, e.decoder.networks(adapter))
-            rows.append({"decoder": e.name, "window": e.window, "batch": batch, **report_row([counts])})
-            print(f"{e.name} window {e.window} batch {batch}: {rows[-1]['decoder_syncs_per_iter']:.2f} syncs/iter")
+    for cache in args.caches.split(","):
+        adapter.use_cache(cache)
+        for batch in args.batches:
+            (group,) = prompt_batches(args.model, 1, batch)
+            prompts = [p for p, _ in group]
+            for e in field:
+                gens = make_generators(0, [p.prompt_id for p in prompts], adapter.device)
+                decode = functools.partial(e.decoder.generate, adapter, prompts, sampling, gens)
+                with torch.no_grad():
+                    counts = count_decode(decode, adapter, e.decoder.networks(adapter))
+                rows.append({"decoder": e.name, "cache": cache, "window": e.window, "batch": batch,
+                             **report_row([counts])})  # fmt: skip
+                print(f"{e.name} {cache} cache window {e.window} batch {batch}: "
+                      f"{rows[-1]['decoder_syncs_per_iter']:.2f} syncs/iter")  # fmt: skip
     table = pd.DataFrame(rows)
     table["decoder_sync_purposes"] = [sync_purposes(s) for s in table["decoder_sync_sites"]]
     table = table.assign(model=args.model, command=shlex.join(["python", *sys.argv]), git_hash=git_hash(),
                          torch=torch.__version__)  # fmt: skip
-    shown = ["decoder", "window", "batch", "decoder_syncs_per_iter", "pipeline_syncs_per_iter",
+    shown = ["decoder", "cache", "window", "batch", "decoder_syncs_per_iter", "pipeline_syncs_per_iter",
              "forward_syncs_per_iter", "ops_outside_forward_per_iter"]  # fmt: skip
     print(markdown_table(table[shown].round(2)))
     if args.out is not None:

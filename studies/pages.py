@@ -27,6 +27,7 @@ import pandas as pd
 from sjd.harness import plots
 from studies.calibration_page import calibration_section
 from studies.drafters_page import drafters_section
+from studies.engine_page import render_engine_page
 from studies.goal_page import POWERED_PAGE, goal_section
 from studies.overlays import FIGURES, Goal, Study, load_studies
 from studies.regime_page import PUBLISHED, regime_section
@@ -167,6 +168,12 @@ def render_all(results_dir: Path, conf_dir: Path, out_dir: Path, tables_dir: Pat
         out.write_text(render_page(csv.stem, results, pages[csv.stem], out_dir, tables_dir, powered))
         written.append(out)
         index.append(f"| [{csv.stem}]({csv.stem}.md) | {'; '.join(s.title for s in pages[csv.stem])} |")
+    engine = render_engine_page(tables_dir, out_dir) if tables_dir is not None else None
+    if engine is not None:  # a benchmark's page (scripts/bench_engine.py), not a study's
+        written.append(engine)
+        index.append(
+            f"| [{engine.stem}]({engine.name}) | the engine: eager against compiled, dynamic against static cache |"
+        )
     readme = out_dir / "README.md"
     readme.write_text(
         "\n".join(

@@ -4,8 +4,9 @@ Each adapter's test file subclasses these classes with a tiny random config of t
 pytest collects the `test_*` methods through the subclasses (`Test...`), never from the bases here.
 
 - `AdapterContract` (every adapter): cached windows against fresh, uncached logits (CFG rows
-  included), ragged truncation and rewinds, `forward_at` (the `custom_mask` capability), greedy AR
-  against the arg-max of fresh guided logits, image decoding, `code_embeddings`, and the weights hash.
+  included; on both kinds of KV cache), ragged truncation and rewinds, `forward_at` (the `custom_mask`
+  capability), greedy AR against the arg-max of fresh guided logits, image decoding, `code_embeddings`, and
+  the weights hash.
 - `DecodersOnAdapterContract`: greedy lossless decoders equal greedy AR, and sampled decoders keep
   the grammar, commit every token once and do not depend on their batch.
 - `LibraryGenerateContract`: greedy AR equals the library's own `generate`.
@@ -31,6 +32,7 @@ from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.base import Decoder, DecodeResult
 from sjd.models.base import ModelAdapter
+from sjd.models.causal_lm import CACHES
 from sjd.models.loading import networks_sha
 from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, Prompt
 
@@ -127,8 +129,16 @@ class AdapterContract:
         g = torch.Generator().manual_seed(seed)
         return free[torch.randint(len(free), (len(self.prompts), length), generator=g)]
 
+    @pytest.fixture(params=CACHES)
+    def cache(self, adapter, request):
+        """The tests that drive the KV cache run on each kind (sjd/models/cache.py, sjd/models/static_cache.py)."""
+        adapter.use_cache(request.param)
+        yield request.param
+        adapter.use_cache("dynamic")
+
     # -- the contract ----------------------------------------------------------------------------
     @torch.no_grad()
+    @pytest.mark.usefixtures("cache")
     def test_prefill_and_a_window_match_fresh_logits(self, adapter):
         B, plan = len(self.prompts), WindowPlan.for_image(adapter.layout.n_tokens)
         seq = self.stream(adapter, plan.first, seed=0)
@@ -143,6 +153,7 @@ class AdapterContract:
         self.assert_rows_match(adapter, out, [0] * B, list(seq))
 
     @torch.no_grad()
+    @pytest.mark.usefixtures("cache")
     def test_ragged_truncation_and_rewind_match_fresh_logits(self, adapter):
         B, plan = len(self.prompts), WindowPlan.for_image(adapter.layout.n_tokens)
         assert B == 2, "the plan moves two rows"
@@ -162,6 +173,7 @@ class AdapterContract:
         self.assert_rows_match(adapter, out, list(plan.rewind), generated)
 
     @torch.no_grad()
+    @pytest.mark.usefixtures("cache")
     def test_forward_at_matches_fresh_logits(self, adapter):
         """Row 0: two segments, the second at later positions seeing only the first one's committed
         anchor (PJD's window); row 1: one causal segment and a padding slot."""
@@ -190,7 +202,44 @@ class AdapterContract:
             ref = self.fresh_logits(adapter, offset + 1, tok[1, :6])
             torch.testing.assert_close(branch[1, :6], ref[1:], atol=self.atol, rtol=0)
 
+    @pytest.mark.slow
     @torch.no_grad()
+    def test_compiled_windows_match_eager_with_no_graph_break_or_recompile(self, adapter):
+        """compile=true on this architecture: windows of one width (padded up to a power of two) compile once, into
+        one graph without a break, and give the eager static cache's logits; more windows of widths in the same
+        bucket compile nothing more."""
+        from torch._dynamo.utils import counters
+
+        B, n = len(self.prompts), adapter.layout.n_tokens
+        widths = [3, 3, 4] if n >= 10 else [1, 1, 1]  # one bucket: 4 (3 padded), or 1 on the micro model's 8 tokens
+        starts = [0, widths[0], widths[0] + widths[1]]
+        seq = self.stream(adapter, sum(widths), seed=4)
+
+        def windows() -> list[torch.Tensor]:
+            adapter.prefill(self.prompts, with_uncond=True)
+            outs = []
+            for start, width in zip(starts, widths):
+                out = adapter.forward(seq[:, start : start + width], [start] * B)
+                outs += [out.cond, out.uncond]
+            return outs
+
+        adapter.use_cache("static")
+        eager = windows()
+        torch._dynamo.reset()
+        breaks, graphs = sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
+        try:
+            adapter.compile_windows(None)
+            compiled = windows()
+        finally:
+            adapter.uncompile()
+            adapter.use_cache("dynamic")
+        assert sum(counters["graph_break"].values()) == breaks, dict(counters["graph_break"])
+        assert counters["stats"]["unique_graphs"] - graphs == 1  # one bucket, one graph, no recompile
+        for c, e in zip(compiled, eager):
+            torch.testing.assert_close(c, e, atol=self.atol, rtol=0)
+
+    @torch.no_grad()
+    @pytest.mark.usefixtures("cache")
     def test_greedy_ar_takes_the_arg_max_of_fresh_guided_logits(self, adapter):
         """A plain greedy loop written out: at every position, uncond + s * (cond - uncond) from
         logits computed from scratch, restricted to the ids the layout allows there, arg-max. Fed
@@ -263,6 +312,7 @@ class DecodersOnAdapterContract:
             if arg in metafunc.fixturenames:
                 metafunc.parametrize(arg, list(cases), ids=list(cases))
 
+    @pytest.mark.usefixtures("cache")
     def test_greedy_decoder_equals_greedy_ar(self, adapter, greedy_name):
         decoder = self.greedy_decoders[greedy_name]
         decoder.check(adapter)

@@ -25,6 +25,13 @@ RUN_KEYS: dict[str, tuple[Any, Callable[[Any], bool] | None, str]] = {
     "seed": (int, None, ""),
     "device": (str, None, ""),
     "batch_size": (int, lambda v: v >= 1, ">= 1"),
+    "cache": (str, lambda v: v in ("dynamic", "static"), "dynamic or static"),
+    "compile": (bool, None, ""),
+    "compile_mode": (
+        str | None,
+        lambda v: v in ("default", "reduce-overhead", "max-autotune"),
+        "default, reduce-overhead or max-autotune",
+    ),
     "warmup": (int, lambda v: v >= 0, ">= 0"),
     "save_images": (bool, None, ""),
     "grid_prompts": (int, lambda v: v >= 0, ">= 0"),
@@ -165,6 +172,8 @@ def check_run_config(cfg: DictConfig) -> None:
             problems.append(f"{key}={value!r}: expected {_type_name(annotation)}")
         elif rule is not None and value is not None and not rule(value):
             problems.append(f"{key}={value!r}: must be {rule_text}")
+    if plain.get("compile") is True and isinstance(plain.get("warmup"), int) and plain["warmup"] < 1:
+        problems.append("compile=true needs warmup >= 1: the warm-up batch compiles, and no timed batch may")
     targets = [("decoder", plain.get("decoder")), ("baseline", plain.get("baseline"))]
     targets += [(f"extra_decoders[{i}]", d) for i, d in enumerate(plain.get("extra_decoders") or [])]
     targets += [(f"named_decoders.{k}", d) for k, d in (plain.get("named_decoders") or {}).items()]

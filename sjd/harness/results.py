@@ -332,6 +332,8 @@ def summary_rows(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.
     else:
         summary["latency_speedup"] = summary["forward_cost"] = summary["efficiency"] = float("nan")
     summary = summary[SUMMARY_COLUMNS].merge(summary_intervals(samples, baseline), on="decoder", how="left")
+    if isinstance(meta.get("warmup_s"), dict):  # per decoder: its warm-up (and compile) seconds
+        summary["warmup_s"] = summary["decoder"].map(meta["warmup_s"])
     for key, value in meta.items():
         if key not in summary.columns:
             summary[key] = value if not isinstance(value, dict | list) else json.dumps(value, sort_keys=True)

@@ -251,6 +251,9 @@ def build(
     the resume point and meta.json; every rank gets the same finished samples."""
     started = time.perf_counter()
     adapter: ModelAdapter = instantiate(cfg.model.adapter, device=dp.device)
+    adapter.use_cache(cfg.get("cache", "dynamic"))  # AR and every decoder run on the same engine
+    if cfg.get("compile", False):  # eager with eager, compiled with compiled: the baseline is compiled too
+        adapter.compile_windows(compile_mode(cfg, adapter.device))
     adapter.check_prompts(prompt_set.prompts)
     for d in decoders:
         d.check(adapter)
@@ -262,6 +265,13 @@ def build(
     done = dp.broadcast(done)  # every rank deals the same unfinished prompts
     samples = [(p, k) for p in prompt_set.prompts for k in range(seeds_per_prompt(cfg))]
     return RankJob(cfg, run_dir, dp, adapter, decoders, baseline, prompt_set, meta, samples, done, started)
+
+
+def compile_mode(cfg: DictConfig, device: torch.device | str) -> str:
+    """torch.compile's mode under compile=true: `compile_mode`, or by default `reduce-overhead` (CUDA graphs: one
+    launch a forward) on CUDA and `default` (inductor) on the CPU, which has no graphs to capture."""
+    mode = cfg.get("compile_mode")
+    return mode if mode else ("reduce-overhead" if torch.device(device).type == "cuda" else "default")
 
 
 def run_meta(
@@ -288,6 +298,9 @@ def run_meta(
         "decoder_lossless": {d.name: d.lossless for d in decoders},
         "baseline": baseline,
         "device": dp.device,
+        "cache": adapter.cache_kind if hasattr(adapter, "cache_kind") else "dynamic",
+        "compiled": bool(cfg.get("compile", False)),
+        "compile_mode": compile_mode(cfg, dp.device) if cfg.get("compile", False) else None,
         "world_size": dp.info.world_size,
         "git_hash": git_hash(),
         "versions": versions(),
@@ -314,7 +327,8 @@ def decode(job: RankJob, sampling: SamplingConfig) -> None:
     writer = SampleWriter(job.run_dir, shard_file(job.run_dir, info.rank) if info.distributed else None)
     before = contention.sample()
     with contention.LoadSampler() as others:  # other work on the machine, every second of the decode
-        decode_prompts(job.cfg, job.adapter, job.decoders, sampling, shard(todo, info), job.done, writer)
+        warm = decode_prompts(job.cfg, job.adapter, job.decoders, sampling, shard(todo, info), job.done, writer)
+    job.meta |= warm
     job.meta |= contention.assess(before, contention.sample(), job.dp.device, samples=others.samples)
     job.dp.barrier("every rank has decoded its prompts")
     if info.is_main:  # meta.json gains the machine's load over the decode (latency_reliable)
@@ -371,14 +385,22 @@ def decode_prompts(
     samples: list[Sample],
     done: set[SampleKey],
     writer: SampleWriter,
-) -> None:
+) -> dict:
     """Warm up, then decode `samples` (prompt, seed index) batch by batch with every decoder, skipping
-    finished (decoder, prompt, seed index) samples, and append each (after its image) through `writer`."""
+    finished (decoder, prompt, seed index) samples, and append each (after its image) through `writer`.
+
+    Returns what the timing leaves out, for the summary rows: each decoder's warm-up seconds (`warmup_s`, which
+    holds the compile time under compile=true) and the graphs compiled after the warm-up (`graphs_compiled_timed`:
+    0 unless a batch of another size or a window width the warm-up did not meet had to compile)."""
     groups = batches(samples, cfg.batch_size)
-    for d in decoders:  # warm-up: first use of kernels and allocator, not recorded
+    warmup_s = {}
+    for d in decoders:  # warm-up: first use of kernels and allocator (and compiling), not recorded
+        started = time.perf_counter()
         for group in groups[: max(0, cfg.warmup)]:
             gens = sample_generators(cfg.seed, [(p.prompt_id, k) for p, k in group], adapter.device)
             d.generate(adapter, [p for p, _ in group], sampling, gens)
+        warmup_s[d.name] = round(time.perf_counter() - started, 3)
+    graphs_before = compiled_graphs()
 
     todo = sum((d.name, p.prompt_id, k) not in done for d in decoders for p, k in samples)
     progress = tqdm(total=todo, desc="decoding", unit="image", disable=None)
@@ -392,6 +414,14 @@ def decode_prompts(
                 decode_group(cfg, adapter, d, sampling, group, writer)
                 progress.update(len(group))
     progress.close()
+    return {"warmup_s": warmup_s, "graphs_compiled_timed": compiled_graphs() - graphs_before}
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def decode_group(

@@ -45,6 +45,12 @@ class ModelAdapter(ABC):
         tokenizer, a text encoder): what a run's weights hash covers. Adapters holding them elsewhere override."""
         return {name: value for name, value in vars(self).items() if isinstance(value, torch.nn.Module)}
 
+    def use_cache(self, kind: str) -> None:
+        """Decode with this kind of KV cache (`dynamic` or `static`, sjd.models.causal_lm.RaggedRows) from the next
+        prefill on; an adapter with a cache of its own has only that one."""
+        if kind != "dynamic":
+            raise ValueError(f"model {self.name!r} has no {kind!r} KV cache (cache=dynamic only)")
+
     @abstractmethod
     def prefill(self, prompts: Sequence[Prompt], with_uncond: bool) -> Logits:
         """Reset the cache, run the prompts (and their unconditional rows when `with_uncond`),

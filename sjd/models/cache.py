@@ -37,6 +37,17 @@ class RaggedCache:
         self.ragged = not self.uniform_prompt  # pad slots are holes
         self._last_window: torch.Tensor | None = None  # the last prepare_at's query positions (keep_slots)
 
+    def prefill_kwargs(self, device: torch.device) -> dict:
+        """Positions and mask for a left-padded prompt: each row's real tokens sit at 0..len-1 and attend
+        causally to each other only. A pad query attends to itself alone, so no softmax row is empty (no NaN
+        reaches the cached keys and values). Nothing where every prompt has the full width."""
+        if self.uniform_prompt:
+            return {}
+        pos = self.slot_pos  # [rows, T], -1 at the left padding
+        mask = (pos >= 0)[:, None, :] & (pos[:, None, :] <= pos[:, :, None])
+        mask |= torch.eye(pos.shape[1], dtype=torch.bool)
+        return {"position_ids": pos.clamp(min=0).to(device), "attention_mask": mask[:, None].to(device)}
+
     # -- bookkeeping -------------------------------------------------------------------------
     def _expand(self, per_batch_row: Sequence[int]) -> torch.Tensor:
         v = torch.as_tensor(list(per_batch_row), dtype=torch.long)

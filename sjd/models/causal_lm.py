@@ -19,6 +19,7 @@ import torch
 
 from sjd.models.base import ModelAdapter
 from sjd.models.cache import RaggedCache
+from sjd.models.static_cache import StaticRowCache
 from sjd.types import CUSTOM_MASK, FEATURES, WINDOW, Features, Logits, Prompt
 
 
@@ -30,18 +31,79 @@ class RunOutput:
     hidden: torch.Tensor | None = None
 
 
+CACHES = ("dynamic", "static")
+
+
 class RaggedRows:
-    """What an adapter on a RaggedCache shares: truncation, the cache guard and the CFG row split.
-    The adapter sets `self._cache` (a RaggedCache) in prefill and `self._with_uncond`."""
+    """What an adapter on a per-row cache shares: the cache's kind, truncation, the cache guard and the CFG row
+    split. The adapter builds `self._cache` in prefill (`new_cache`) and sets `self._with_uncond`.
+
+    `cache_kind`: `dynamic`, a transformers DynamicCache with the bookkeeping on the host (sjd/models/cache.py),
+    or `static`, one preallocated tensor per layer with the bookkeeping on the device
+    (sjd/models/static_cache.py), which a compiled forward needs. Both give the same logits."""
 
     name: str
     device: torch.device
+    layout: object
     _with_uncond: bool
+    cache_kind: str = "dynamic"
+
+    def use_cache(self, kind: str) -> None:
+        """Decode with this kind of KV cache from the next prefill on."""
+        if kind not in CACHES:
+            raise ValueError(f"cache must be one of {CACHES}, got {kind!r}")
+        self.cache_kind = kind
+
+    # -- compile=true ---------------------------------------------------------------------------------
+    _compiled: torch.nn.Module | None = None  # the compiled window stack (compile_windows), None when eager
+    _in_window = False  # set while a window (not the prefill) goes through the stack
+
+    def window_stack(self) -> torch.nn.Module:
+        """The network a window goes through (what compile=true compiles)."""
+        raise NotImplementedError(f"model {self.name!r} cannot compile its windows")
+
+    def compile_windows(self, mode: str | None) -> None:
+        """Compile the window forward (torch.compile, `mode` as torch takes it) on the static cache. Window widths
+        are padded up to a power of two (`bucket`), so each width compiles once and nothing recompiles per
+        iteration; the prefill stays eager (its width is the prompt's)."""
+        self.use_cache("static")
+        self._compiled = torch.compile(self.window_stack(), mode=mode, dynamic=False)
+
+    def uncompile(self) -> None:
+        """Back to the eager window forward (the cache stays as it is)."""
+        self._compiled = None
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
+
+    def _stack(self) -> torch.nn.Module:
+        return self._compiled if self._compiled is not None and self._in_window else self.window_stack()
+
+    def bucket(self, width: int) -> int:
+        """The width a window is padded to: itself when eager, else the next power of two."""
+        return width if self._compiled is None else 1 << max(width - 1, 0).bit_length()
+
+    @staticmethod
+    def _crop(logits: Logits, width: int) -> Logits:
+        """The first `width` outputs of a padded window."""
+        if logits.cond.shape[1] == width:
+            return logits
+        out = Logits(logits.cond[:, :width], None if logits.uncond is None else logits.uncond[:, :width])
+        if logits.features is not None:
+            f = logits.features
+            out.features = Features(f.hidden[:, :width], f.ids, f.lengths)
+        return out
+
+    def new_cache(self, config, prompt_lengths: Sequence[int], uncond_copies: int) -> RaggedCache | StaticRowCache:
+        if self.cache_kind == "static":
+            return StaticRowCache(prompt_lengths, uncond_copies, self.layout.n_tokens, self.device)
+        return RaggedCache(config, prompt_lengths, uncond_copies)
 
     def truncate(self, lengths: Sequence[int]) -> None:
         self._ragged().truncate(lengths)
 
-    def _ragged(self) -> RaggedCache:
+    def _ragged(self) -> RaggedCache | StaticRowCache:
         cache = getattr(self, "_cache", None)
         if cache is None:
             raise RuntimeError(f"{self.name}: call prefill before forward or truncate")
@@ -50,12 +112,17 @@ class RaggedRows:
     def _window_at(
         self, positions: torch.Tensor, keep: torch.Tensor, window_mask: torch.Tensor, transient: torch.Tensor | None
     ) -> dict:
-        """The model kwargs of a `forward_at` window (the cache's bookkeeping lives on the host)."""
+        """The model kwargs of a `forward_at` window (the dynamic cache's bookkeeping lives on the host, the
+        static cache's on the device)."""
+        cache = self._ragged()
+        if isinstance(cache, StaticRowCache):
+            return cache.prepare_at(positions, keep, window_mask, self.device, transient)
         transient = None if transient is None else transient.cpu()
-        return self._ragged().prepare_at(positions.cpu(), keep.cpu(), window_mask.cpu(), self.device, transient)
+        return cache.prepare_at(positions.cpu(), keep.cpu(), window_mask.cpu(), self.device, transient)
 
     def keep_slots(self, keep: torch.Tensor) -> None:
-        self._ragged().keep_slots(keep)
+        padding = self.bucket(keep.shape[1]) - keep.shape[1]  # the last window was padded as wide (compile=true)
+        self._ragged().keep_slots(torch.nn.functional.pad(keep, (0, padding)) if padding else keep)
 
     def _split(self, logits: torch.Tensor) -> Logits:
         """[2B or B, W, V] -> conditional and unconditional rows, in float32 for the logits pipeline."""
@@ -98,36 +165,40 @@ class CausalLMAdapter(RaggedRows, ModelAdapter):
         ids, lengths = self.prompt_batch(prompts, with_uncond)
         ids = ids.to(self.device)
         self._with_uncond = with_uncond
-        self._cache = RaggedCache(self.model.config, lengths, int(with_uncond))
-        kwargs = {} if self._cache.uniform_prompt else self._padded_prompt_kwargs()
+        self._cache = self.new_cache(self.model.config, lengths, int(with_uncond))
+        kwargs = self._cache.prefill_kwargs(self.device)
         out = self._run(ids, cache=self._cache.cache, use_cache=True, logits_to_keep=1, **kwargs)
         return self._output(out, ids, lengths)
 
-    def _padded_prompt_kwargs(self) -> dict:
-        """Positions and mask for a left-padded prompt: each row's real tokens sit at 0..len-1
-        and attend causally to each other only. A pad query attends to itself alone, so no
-        softmax row is empty (no NaN reaches the cached keys and values)."""
-        pos = self._cache.slot_pos  # [rows, T], -1 at the left padding
-        mask = (pos >= 0)[:, None, :] & (pos[:, None, :] <= pos[:, :, None])
-        mask |= torch.eye(pos.shape[1], dtype=torch.bool)
-        return {"position_ids": pos.clamp(min=0).to(self.device), "attention_mask": mask[:, None].to(self.device)}
-
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:
+        width = tokens.shape[1]
+        tokens = pad_window(tokens, self.bucket(width))  # the padding writes positions the next window drops
         kwargs = self._ragged().prepare(start, tokens.shape[1], self.device)
         ids = torch.cat([tokens, tokens]) if self._with_uncond else tokens
-        out = self._run(ids, cache=self._ragged().cache, use_cache=True, **kwargs)
-        return self._output(out)
+        out = self._window_run(ids, cache=self._ragged().cache, use_cache=True, **kwargs)
+        return self._crop(self._output(out), width)
+
+    def _window_run(self, ids: torch.Tensor, **kwargs) -> RunOutput:
+        """`_run` for a window: through the compiled stack when there is one."""
+        self._in_window = True
+        try:
+            return self._run(ids, **kwargs)
+        finally:
+            self._in_window = False
 
     def _run(self, ids: torch.Tensor, logits_to_keep: int = 0, **kwargs) -> RunOutput:
         """One model call on ids: the decoder stack, then the LM head (on the last `logits_to_keep` slots
         when set), as the library's own forward computes it, with the hidden states kept."""
-        return self._head_output(self.model.model(input_ids=ids, **kwargs).last_hidden_state, logits_to_keep)
+        return self._head_output(self._stack()(input_ids=ids, **kwargs).last_hidden_state, logits_to_keep)
 
     def _run_embeds(self, inputs_embeds: torch.Tensor, logits_to_keep: int = 0, **kwargs) -> RunOutput:
         """One model call on input embeddings [rows, W, D] (the noise-aware path of SJD2)."""
-        hidden = self.model.model(inputs_embeds=inputs_embeds, **kwargs).last_hidden_state
+        hidden = self._stack()(inputs_embeds=inputs_embeds, **kwargs).last_hidden_state
         return self._head_output(hidden, logits_to_keep)
+
+    def window_stack(self) -> torch.nn.Module:
+        return self.model.model
 
     def _head_output(self, hidden: torch.Tensor, logits_to_keep: int) -> RunOutput:
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
@@ -161,10 +232,14 @@ class CausalLMAdapter(RaggedRows, ModelAdapter):
         window_mask: torch.Tensor,
         transient: torch.Tensor | None = None,
     ) -> Logits:
+        width = tokens.shape[1]
+        tokens, positions, window_mask, transient = pad_tree(
+            tokens, positions, window_mask, transient, self.bucket(width)
+        )
         kwargs = self._window_at(positions, keep, window_mask, transient)
         ids = torch.cat([tokens, tokens]) if self._with_uncond else tokens
-        out = self._run(ids, cache=self._ragged().cache, use_cache=True, **kwargs)
-        return self._output(out)
+        out = self._window_run(ids, cache=self._ragged().cache, use_cache=True, **kwargs)
+        return self._crop(self._output(out), width)
 
 
 def rope_theta(config) -> float:
@@ -173,3 +248,28 @@ def rope_theta(config) -> float:
     if isinstance(params, dict) and "rope_theta" in params:
         return float(params["rope_theta"])
     return float(getattr(config, "rope_theta", 10000.0))
+
+
+def pad_window(tokens: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, W] -> [B, width]: the last token repeated (slots after the window, which no real query sees)."""
+    extra = width - tokens.shape[1]
+    return tokens if extra <= 0 else torch.cat([tokens, tokens[:, -1:].expand(-1, extra)], dim=1)
+
+
+def pad_tree(
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    window_mask: torch.Tensor,
+    transient: torch.Tensor | None,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A `forward_at` window padded to `width` with padding slots (position -1, seen by nothing but themselves)."""
+    extra = width - tokens.shape[1]
+    if extra <= 0:
+        return tokens, positions, window_mask, transient
+    pad = torch.nn.functional.pad
+    tokens = pad(tokens, (0, extra))
+    positions = pad(positions, (0, extra), value=-1)
+    window_mask = pad(window_mask, (0, extra, 0, extra))
+    transient = None if transient is None else pad(transient, (0, extra))
+    return tokens, positions, window_mask, transient

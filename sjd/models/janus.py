@@ -36,7 +36,6 @@ import numpy as np
 import torch
 
 from sjd.models.base import codebook_by_id
-from sjd.models.cache import RaggedCache
 from sjd.models.causal_lm import CausalLMAdapter, RunOutput, rope_theta
 from sjd.models.loading import CHECKPOINT_FILES, could_not_load, resolve_checkpoint, torch_dtype
 from sjd.types import CODE_EMBEDDINGS, CUSTOM_MASK, FEATURES, WINDOW, ImageLayout, Logits, Prompt
@@ -218,13 +217,8 @@ class JanusAdapter(CausalLMAdapter):
         rows = self.prompt_rows(prompts, with_uncond)
         ids = self._left_pad(rows).to(self.device)
         self._with_uncond = with_uncond
-        self._cache = cache = RaggedCache(self.model.config, [len(r) for r in rows], int(with_uncond))
-        kwargs: dict = {"position_ids": None, "attention_mask": None}
-        if not cache.uniform_prompt:  # left padding: pad slots are holes, positions start at 0 per row
-            pos = cache.slot_pos
-            mask = (pos >= 0)[:, None, :] & (pos[:, None, :] <= pos[:, :, None])
-            mask |= torch.eye(pos.shape[1], dtype=torch.bool)  # pad queries see themselves: finite, unused
-            kwargs = {"position_ids": pos.clamp(min=0).to(self.device), "attention_mask": mask[:, None].to(self.device)}
+        self._cache = cache = self.new_cache(self.model.config, [len(r) for r in rows], int(with_uncond))
+        kwargs = cache.prefill_kwargs(self.device)  # left padding: pad slots are holes, positions start at 0 per row
         embeds = self.model.get_input_embeddings()(ids)
         out = self._logits(embeds, cache=cache.cache, use_cache=True, logits_to_keep=1, **kwargs)
         return self._output(out, ids.new_zeros(ids.shape), [len(r) for r in rows])  # text ids: not the drafter's codes
@@ -234,8 +228,11 @@ class JanusAdapter(CausalLMAdapter):
         return self._logits(self.model.prepare_embeddings_for_image_generation(ids), **kwargs)
 
     def _logits(self, embeds: torch.Tensor, logits_to_keep: int = 0, **kwargs) -> RunOutput:
-        hidden = self.model.model.language_model(inputs_embeds=embeds, **kwargs).last_hidden_state
+        hidden = self._stack()(inputs_embeds=embeds, **kwargs).last_hidden_state
         return self._head_output(hidden, logits_to_keep)
+
+    def window_stack(self) -> torch.nn.Module:
+        return self.model.model.language_model
 
     @property
     def lm_head(self) -> torch.nn.Module:

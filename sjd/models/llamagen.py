@@ -38,8 +38,7 @@ import numpy as np
 import torch
 
 from sjd.models.base import ModelAdapter, codebook_by_id
-from sjd.models.cache import RaggedCache
-from sjd.models.causal_lm import RaggedRows, RunOutput
+from sjd.models.causal_lm import RaggedRows, RunOutput, pad_tree, pad_window
 from sjd.models.loading import could_not_load, resolve_checkpoint, torch_dtype
 from sjd.models.nets.llamagen_gpt import LlamaGenConfig, LlamaGenGPT, load_gpt
 from sjd.models.nets.llamagen_vq import downsample_factor, load_vq, vq_config
@@ -207,9 +206,16 @@ class LlamaGenAdapter(RaggedRows, ModelAdapter):
         embeds, mask = self.caption_rows(prompts, with_uncond)
         self._with_uncond, self._caption_mask = with_uncond, mask
         width = self.gpt.config.cls_token_num
-        self._cache = RaggedCache(None, [width] * len(embeds), int(with_uncond))
+        self._cache = self.new_cache(None, [width] * len(embeds), int(with_uncond))
+        kwargs = self._cache.prefill_kwargs(self.device)
         logits, hidden = self.gpt(
-            embeds, cache=self._cache.cache, prefix_mask=mask, logits_to_keep=1, return_hidden=True
+            embeds,
+            positions=kwargs.get("position_ids"),
+            cache=self._cache.cache,
+            attention_mask=kwargs.get("attention_mask"),
+            prefix_mask=mask,
+            logits_to_keep=1,
+            return_hidden=True,
         )
         ids = torch.zeros(
             len(embeds), width, dtype=torch.long, device=self.device
@@ -218,8 +224,10 @@ class LlamaGenAdapter(RaggedRows, ModelAdapter):
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:
+        width = tokens.shape[1]
+        tokens = pad_window(tokens, self.bucket(width))  # compile=true: a width of the compiled set
         kwargs = self._ragged().prepare(start, tokens.shape[1], self.device)
-        return self._run(tokens, **kwargs)
+        return self._crop(self._run(tokens, **kwargs), width)
 
     @torch.no_grad()
     def forward_at(
@@ -230,18 +238,30 @@ class LlamaGenAdapter(RaggedRows, ModelAdapter):
         window_mask: torch.Tensor,
         transient: torch.Tensor | None = None,
     ) -> Logits:
-        return self._run(tokens, **self._window_at(positions, keep, window_mask, transient))
+        width = tokens.shape[1]
+        tokens, positions, window_mask, transient = pad_tree(
+            tokens, positions, window_mask, transient, self.bucket(width)
+        )
+        return self._crop(self._run(tokens, **self._window_at(positions, keep, window_mask, transient)), width)
+
+    def window_stack(self) -> torch.nn.Module:
+        return self.gpt
 
     def _run(self, tokens: torch.Tensor, position_ids, attention_mask) -> Logits:
+        """A window through our GPT (the compiled one under compile=true)."""
         ids = torch.cat([tokens, tokens]) if self._with_uncond else tokens
-        logits, hidden = self.gpt(
-            self.gpt.tok_embeddings(ids.to(self.device)),
-            positions=position_ids,
-            cache=self._cache.cache,
-            attention_mask=attention_mask,
-            prefix_mask=self._caption_mask,
-            return_hidden=True,
-        )
+        self._in_window = True
+        try:
+            logits, hidden = self._stack()(
+                self.gpt.tok_embeddings(ids.to(self.device)),
+                positions=position_ids,
+                cache=self._cache.cache,
+                attention_mask=attention_mask,
+                prefix_mask=self._caption_mask,
+                return_hidden=True,
+            )
+        finally:
+            self._in_window = False
         return self._output(RunOutput(logits, hidden))
 
     # -- the `features` capability ------------------------------------------------------------------

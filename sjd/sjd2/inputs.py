@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from sjd.sjd2.noise_path import NoisePath, load_sidecar, save_sidecar
 from sjd.sjd2.toy_net import NoiseAwareLM
@@ -108,12 +109,19 @@ class NoiseAwareInputs:
 
     @torch.no_grad()
     def forward_embeds(self, embeds: torch.Tensor, levels: torch.Tensor, start: Sequence[int]) -> Logits:
-        cache = self._ragged()
+        cache, width = self._ragged(), embeds.shape[1]
+        extra = self.bucket(width) - width  # compile=true: a width of the compiled set (slots after the window)
+        if extra:
+            embeds, levels = F.pad(embeds, (0, 0, 0, extra)), F.pad(levels, (0, extra))
         kwargs = cache.prepare(start, embeds.shape[1], self.device)
         if self._with_uncond:  # the unconditional rows get the same window inputs
             embeds, levels = torch.cat([embeds, embeds]), torch.cat([levels, levels])
-        out = self._run_embeds(self.noise_path.inputs(embeds, levels), cache=cache.cache, use_cache=True, **kwargs)
-        return self._split(out.logits)
+        self._in_window = True
+        try:
+            out = self._run_embeds(self.noise_path.inputs(embeds, levels), cache=cache.cache, use_cache=True, **kwargs)
+        finally:
+            self._in_window = False
+        return self._crop(self._split(out.logits), width)
 
 
 class NoiseAwareLMInputs(NoiseAwareInputs):
@@ -126,4 +134,7 @@ class NoiseAwareLMInputs(NoiseAwareInputs):
         return self.model
 
     def _run_embeds(self, inputs_embeds: torch.Tensor, **kwargs):
-        return self.model.lm(inputs_embeds=inputs_embeds, **kwargs)
+        return self._stack()(inputs_embeds=inputs_embeds, **kwargs)
+
+    def window_stack(self) -> torch.nn.Module:
+        return self.model.lm

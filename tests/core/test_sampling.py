@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from sjd.core.sampling import SamplingConfig, cfg_mix, filter_top_k_top_p, grammar_mask, logits_to_probs, sample_from
+from sjd.core.sampling import SamplingConfig, cfg_mix, filter_top_k_top_p, logits_to_probs, sample_from
 from sjd.toy.tokenizer import ToyVocab
 from sjd.types import Logits
 
@@ -16,7 +16,7 @@ def test_cfg_mix_is_uncond_plus_scaled_difference():
 def test_grammar_forces_layout_tokens_and_restricts_free_positions(toy):
     layout, vocab = toy.layout, ToyVocab()
     positions = torch.arange(layout.n_tokens)[None]
-    mask = grammar_mask(positions, layout)[0]
+    mask = layout.allowed_table(positions.device)[positions][0]
     assert mask[0].sum() == 1 and mask[0, vocab.boi]
     assert mask[13].sum() == 1 and mask[13, vocab.eol]  # end of the first row
     assert mask[-1].sum() == 1 and mask[-1, vocab.eoi]
@@ -34,7 +34,7 @@ def test_pipeline_respects_grammar_top_k_and_greedy(toy):
     assert ((probs[1] > 0).sum(-1) == 5).all()
     greedy = logits_to_probs(logits, positions, layout, SamplingConfig(cfg_scale=2.0, temperature=0))
     assert ((greedy == 1).sum(-1) == 1).all()
-    guided = cfg_mix(logits, 2.0).masked_fill(~grammar_mask(positions, layout), float("-inf"))
+    guided = cfg_mix(logits, 2.0).masked_fill(~layout.allowed_table(positions.device)[positions], float("-inf"))
     assert (greedy.argmax(-1) == guided.argmax(-1)).all()
 
 

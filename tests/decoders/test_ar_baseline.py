@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from sjd.core.sampling import SamplingConfig, cfg_mix, grammar_mask
+from sjd.core.sampling import SamplingConfig, cfg_mix
 from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.types import Logits, Prompt
@@ -22,7 +22,9 @@ class BatchedCFG(LogitsProcessor):
         cond, uncond = scores.float().chunk(2)
         guided = cfg_mix(Logits(cond[:, None], uncond[:, None]), self.scale)
         pos = torch.full((cond.shape[0], 1), input_ids.shape[1] - self.prompt_len)
-        guided = guided.masked_fill(~grammar_mask(pos, self.layout), float("-inf"))[:, 0]
+        guided = guided.masked_fill(
+            ~self.layout.allowed_table(pos.device)[pos.clamp(0, self.layout.n_tokens)], float("-inf")
+        )[:, 0]
         return torch.cat([guided, guided])
 
 

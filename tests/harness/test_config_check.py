@@ -17,6 +17,9 @@ BAD = [
     ("batch_size=x", "batch_size='x': expected an integer"),
     ("batch_size=0", "batch_size=0: must be >= 1"),
     ("warmup=-1", "warmup=-1: must be >= 0"),
+    ("cache=paged", "cache='paged': must be dynamic or static"),
+    ("compile=true warmup=0", "compile=true needs warmup >= 1"),
+    ("compile_mode=fast", "compile_mode='fast': must be default, reduce-overhead or max-autotune"),
     ("dist_timeout_min=0", "dist_timeout_min=0: must be > 0"),
     ("save_images=maybe", "save_images='maybe': expected true/false"),
     ("decoder.window=abc", "decoder.window='abc': expected an integer (SJDDecoder.window)"),
@@ -44,7 +47,7 @@ def test_a_bad_value_is_refused_naming_its_key_before_the_model_loads(compose_cf
                                                                       override, message):  # fmt: skip
     from sjd.harness.runner import run
 
-    cfg = compose_cfg([override, "results_csv=null"])
+    cfg = compose_cfg([*override.split(), "results_csv=null"])
     with pytest.raises(ConfigError) as err:
         run(cfg, tmp_path / "run")
     assert message in str(err.value)

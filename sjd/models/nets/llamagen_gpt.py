@@ -248,24 +248,29 @@ class LlamaGenGPT(nn.Module):
         """Logits [B, S or logits_to_keep, vocab] for `embeds` [B, S, dim]; with `return_hidden`, also the
         hidden states after the final norm [B, S, dim] (what a trained drafter reads).
 
-        `cache`: a transformers `DynamicCache` (or None), appended to. `positions` [B, S]: slot positions (caption
+        `cache`: a transformers `DynamicCache` (or None), appended to, or a static per-row cache's
+        (sjd.models.static_cache). `positions` [B, S]: slot positions (caption
         slots 0..cls_token_num-1, image cell g at cls_token_num + g); default: the slots after the cache.
         `attention_mask` [B, 1, S, K] bool (True = attend) over the cached slots plus these; default: causal by slot.
         `prefix_mask` [B, P] hides the first P key slots where False (caption padding, the release's `emb_masks`);
         a query always sees its own slot, so padded caption slots stay finite (the release's diagonal)."""
         B, S, _ = embeds.shape
         past = cache.get_seq_length() if cache is not None else 0
-        slots = torch.arange(past, past + S, device=embeds.device)
+        slots = torch.arange(past, past + S, device=embeds.device).expand(B, S)
         if positions is None:
-            positions = slots.expand(B, S)
+            positions = slots
         if attention_mask is None:
             keys = torch.arange(past + S, device=embeds.device)
-            attention_mask = (keys[None, :] <= slots[:, None]).expand(B, 1, S, past + S)
+            attention_mask = (keys[None, None, :] <= slots[:, :, None])[:, None]
+        static = getattr(cache, "row_cache", None)  # a static per-row cache writes each query at a slot of its own
+        if static is not None:
+            slots = static.write_slots
         mask = attention_mask.clone()
         if prefix_mask is not None:
             P = prefix_mask.shape[1]
             mask[..., :P] &= prefix_mask[:, None, None, :].to(mask.device)
-        mask[:, :, torch.arange(S), slots] = True
+        rows = torch.arange(B, device=mask.device)[:, None]
+        mask[rows, 0, torch.arange(S, device=mask.device)[None, :], slots.to(mask.device)] = True
         rope = self.rope(positions)
         h = embeds
         for layer in self.layers:
