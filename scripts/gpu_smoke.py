@@ -11,8 +11,12 @@ real ones (Lumina 768 px: 48 x 49 + 5 = 2357 tokens; Anole 1026; Emu3 8193; Janu
 T5 encoder is a one-layer random stand-in of flan-t5-xl's width: only the GPT is timed.
 
 Per model, batch 1 with CFG (two cache rows, as the decoders run):
-- decode: AR and SJD (window 16) through the real decoders, on the first `--decode-tokens` positions of the real
-  layout (the adapter's layout cut to that prefix), with the model's sampling settings from conf/model/*.yaml.
+- syncs: host syncs per iteration of AR's and SJD's eager loops, counted on the device (sjd/harness/syncs.py).
+- decode: AR and SJD (window 16) through the real decoders on each engine of `--engines` (eager on the dynamic
+  cache; compiled on the static cache for the models of `--compile-models`, reduce-overhead on CUDA, each
+  width compiled in an untimed warm-up decode; `vs_eager` is the engine's speedup per token over eager), on
+  the first `--decode-tokens` positions of the real layout (the adapter's layout cut to that prefix), with the
+  model's sampling settings from conf/model/*.yaml.
   Random weights make SJD's acceptance meaningless; the rows show the loop's cost per forward and per token.
 - forward: the adapter protocol at a fixed context. `--context` generated tokens are written first (in chunks),
   then `forward(W tokens, start=context)` + `truncate([context])` is timed for every W in `--windows`
@@ -48,6 +52,7 @@ from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.harness.provenance import git_hash
 from sjd.harness.results import markdown_table
+from sjd.harness.syncs import count_decode, report_row
 from sjd.models.base import ModelAdapter
 from sjd.models.loading import torch_dtype
 from sjd.types import ImageLayout, Prompt
@@ -323,12 +328,28 @@ def measure_model(name: str, args, device: torch.device, dtype: torch.dtype, row
 
     sampling = sampling_for(name)
     decoders = [ARDecoder(), SJDDecoder(name=f"sjd{args.sjd_window}", window=args.sjd_window)]
-    for d in decoders:  # warm-up: kernels, allocator, the sampling path's tables
-        decode(adapter, d, sampling, min(32, args.decode_tokens))
-    for d in decoders:
-        stats = decode(adapter, d, sampling, args.decode_tokens)
-        rows.append({**base, "measure": f"decode_{d.name}", **stats,
-                     "note": f"{note}; acceptance of random weights is not meaningful"})  # fmt: skip
+    for d in decoders:  # host syncs per iteration of the eager loop, on the device (sjd/harness/syncs.py)
+        counts = count_decode(lambda d=d: decode(adapter, d, sampling, min(48, args.decode_tokens)), adapter, {})
+        rows.append({**base, "measure": f"syncs_{d.name}", **report_row([counts]), "note": note})
+    engines = [e for e in args.engines if e == "eager_dynamic" or name in args.compile_models]
+    eager_ms: dict[str, float] = {}
+    for engine in engines:  # AR and SJD on each engine: the baseline always on the decoder's
+        adapter.uncompile()
+        adapter.use_cache("dynamic")
+        if engine == "compiled_static":
+            adapter.compile_windows("reduce-overhead" if device.type == "cuda" else None)
+        started = time.perf_counter()
+        for d in decoders:  # warm-up: kernels, allocator, the sampling path's tables, every window width compiled
+            decode(adapter, d, sampling, args.decode_tokens)
+        warm_s = time.perf_counter() - started
+        for d in decoders:
+            stats = decode(adapter, d, sampling, args.decode_tokens)
+            eager_ms.setdefault(d.name, stats["ms_per_token"])
+            rows.append({**base, "measure": f"decode_{d.name}", "engine": engine, **stats, "warmup_s": warm_s,
+                         "vs_eager": eager_ms[d.name] / stats["ms_per_token"],
+                         "note": f"{note}; acceptance of random weights is not meaningful"})  # fmt: skip
+    adapter.uncompile()
+    adapter.use_cache("dynamic")
 
     if context < args.context:
         print(f"  context capped at {context} = {layout.n_tokens} layout tokens - window {max(args.windows)}")
@@ -350,11 +371,12 @@ def free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-COLUMNS = ["model", "params_b", "dtype", "measure", "context", "window", "repeats", "median_ms", "ratio_vs_window1",
-           "tokens", "n_forward", "decode_ms", "ms_per_token", "ms_per_forward", "layout_tokens", "peak_gb",
-           "model_s", "device_name", "torch", "transformers", "git", "note", "error"]  # fmt: skip
-SHOWN = ["model", "params_b", "measure", "context", "window", "median_ms", "ratio_vs_window1", "tokens", "n_forward",
-         "ms_per_token", "ms_per_forward", "peak_gb", "error"]  # fmt: skip
+COLUMNS = ["model", "params_b", "dtype", "measure", "engine", "context", "window", "repeats", "median_ms",
+           "ratio_vs_window1", "tokens", "n_forward", "decode_ms", "ms_per_token", "ms_per_forward", "vs_eager",
+           "warmup_s", "decoder_syncs_per_iter", "forward_syncs_per_iter", "layout_tokens", "peak_gb", "model_s",
+           "device_name", "torch", "transformers", "git", "note", "error"]  # fmt: skip
+SHOWN = ["model", "params_b", "measure", "engine", "context", "window", "median_ms", "ratio_vs_window1", "tokens",
+         "n_forward", "ms_per_token", "vs_eager", "decoder_syncs_per_iter", "peak_gb", "error"]  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -368,6 +390,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--windows", default="1,16,32,64", help="forward widths to time, the first is the reference")
     ap.add_argument("--decode-tokens", type=int, help="tokens AR and SJD decode (default 200; tiny 48)")
     ap.add_argument("--sjd-window", type=int, default=16)
+    ap.add_argument(
+        "--engines",
+        default="eager_dynamic,compiled_static",
+        help="decode engines: eager_dynamic and compiled_static (cache=static, compile=true)",
+    )
+    ap.add_argument(
+        "--compile-models",
+        default="lumina",
+        help="models decoded compiled too (compiling every width of a 7B model takes minutes)",
+    )
     ap.add_argument("--repeats", type=int, help="timed forwards per window (default 10; tiny 3)")
     ap.add_argument("--warmup", type=int, help="untimed forwards per window first (default 3; tiny 1)")
     ap.add_argument("--max-seconds", type=float, default=420.0, help="skip the remaining models after this long")
@@ -385,6 +417,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         ap.error(f"--models: unknown {unknown}; choose from {','.join(MODELS)}")
     args.windows = [int(w) for w in args.windows.split(",")]
+    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    args.compile_models = [m.strip() for m in args.compile_models.split(",") if m.strip()]
+    if set(args.engines) - {"eager_dynamic", "compiled_static"}:
+        ap.error("--engines: eager_dynamic and/or compiled_static")
     if min(args.windows) < 1 or args.repeats < 1 or args.warmup < 0 or args.decode_tokens < 1:
         ap.error("--windows, --repeats and --decode-tokens must be >= 1 and --warmup >= 0")
     return args
