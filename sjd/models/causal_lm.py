@@ -32,6 +32,7 @@ class RunOutput:
 
 
 CACHES = ("dynamic", "static")
+RECOMPILE_LIMIT = 256  # compiled window shapes a process may hold: batch sizes x power-of-two widths, and more
 
 
 class RaggedRows:
@@ -67,6 +68,9 @@ class RaggedRows:
         are padded up to a power of two (`bucket`), so each width compiles once and nothing recompiles per
         iteration; the prefill stays eager (its width is the prompt's)."""
         self.use_cache("static")
+        # One graph per (batch rows, bucket) pair: more than dynamo's default of 8 recompiles of one frame, after
+        # which it would quietly run the rest eagerly.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self._compiled = torch.compile(self.window_stack(), mode=mode, dynamic=False)
 
     def uncompile(self) -> None:

@@ -98,3 +98,17 @@ def test_every_decoder_draws_the_same_tokens_on_either_cache_on_the_micro_model(
 @pytest.mark.parametrize("name", algorithm_configs())
 def test_every_decoder_draws_the_same_tokens_on_either_cache_on_the_toy(name):
     assert decode(name, "toy", "static") == decode(name, "toy", "dynamic")
+
+
+def test_compiling_windows_moves_to_the_static_cache_and_lifts_dynamos_recompile_limit():
+    """Each (batch rows, width bucket) is a graph of one frame; at dynamo's default limit of 8 the ninth would
+    quietly run eagerly. torch.compile is lazy: nothing compiles here."""
+    adapter, _ = build_model("micro")
+    adapter.compile_windows(None)
+    try:
+        assert adapter.compiled and adapter.cache_kind == "static"
+        assert torch._dynamo.config.recompile_limit >= 256
+        assert [adapter.bucket(w) for w in (1, 2, 3, 5, 16, 17)] == [1, 2, 4, 8, 16, 32]
+    finally:
+        adapter.uncompile()
+    assert adapter.bucket(3) == 3  # eager: no padding
