@@ -10,7 +10,8 @@ prompt batch every decoder runs on every engine, the order alternating from roun
 Per (decoder, engine, batch size): latency per image, host time per forward outside the model
 (`host_ms_per_forward`), and two ratios with 95% bootstrap intervals over the prompt batches (the timing
 units): the latency speedup over the same decoder on `eager_dynamic` (`vs_eager_dynamic`) and over AR on the
-same engine (`vs_ar`, the harness's own speedup, which compares like engines only). Syncs per iteration are
+same engine (`vs_ar`, the harness's own speedup, which compares like engines only), and the graphs compiled
+while timing (`graphs_compiled_timed`: 0 when the warm-up met every shape). Syncs per iteration are
 `scripts/count_syncs.py`'s. Prints ratios measured in this run; asserts nothing about time.
 """
 
@@ -85,7 +86,9 @@ def main() -> None:
             warmup[(e.name, engine)] = time.perf_counter() - started
             print(f"warmed up {e.name} on {engine}: {warmup[(e.name, engine)]:.1f} s")
 
-    records, round_no = [], 0
+    from torch._dynamo.utils import counters
+
+    graphs_before, records, round_no = counters["stats"]["unique_graphs"], [], 0
     for size in args.batches:
         for unit, group in enumerate(prompt_batches(args.model, args.prompts, size)):
             pairs = [(e, engine) for e in field for engine in engines]
@@ -95,7 +98,9 @@ def main() -> None:
             round_no += 1
             print(f"round {round_no}: batch {size} done")
     table = summarise(pd.DataFrame(records), warmup)
-    table = table.assign(model=args.model, window=args.window, prompts=args.prompts,
+    timed = counters["stats"]["unique_graphs"] - graphs_before  # compiled after the warm-up: 0 unless it missed a shape
+    print(f"graphs compiled while timing: {timed}")
+    table = table.assign(graphs_compiled_timed=timed, model=args.model, window=args.window, prompts=args.prompts,
                          command=shlex.join(["python", *sys.argv]), git_hash=git_hash(),
                          torch=torch.__version__)  # fmt: skip
     shown = ["decoder", "engine", "batch", "latency_s", "host_ms_per_forward", "vs_eager_dynamic",

@@ -44,7 +44,8 @@ def render(engine: pd.DataFrame, syncs: pd.DataFrame | None) -> str:
         "",
         "`vs_eager_dynamic` is the decoder's latency speedup over itself on the default engine; `vs_ar` its "
         "speedup over AR on the same engine (what a run reports). Intervals are 95% bootstrap intervals over the "
-        "prompt batches. `warmup_s` holds the compile time, which no latency includes. On a CPU a compiled "
+        "prompt batches. `warmup_s` holds the compile time, which no latency includes; "
+        f"{int(first.get('graphs_compiled_timed', 0))} graph(s) were compiled while timing. On a CPU a compiled "
         "forward has no kernel launches to save, so these ratios say what the engines cost here, not what they "
         "buy on a GPU.",
         "",

@@ -32,6 +32,7 @@ class RunOutput:
 
 
 CACHES = ("dynamic", "static")
+PROMPT_ROUNDING = 64  # compiled: the static cache's prompt region is a multiple of this many slots
 RECOMPILE_LIMIT = 256  # compiled window shapes a process may hold: batch sizes x power-of-two widths, and more
 
 
@@ -58,6 +59,7 @@ class RaggedRows:
     # -- compile=true ---------------------------------------------------------------------------------
     _compiled: torch.nn.Module | None = None  # the compiled window stack (compile_windows), None when eager
     _in_window = False  # set while a window (not the prefill) goes through the stack
+    prompt_rounding = PROMPT_ROUNDING  # compiled: the static cache's prompt region, a multiple of this
 
     def window_stack(self) -> torch.nn.Module:
         """The network a window goes through (what compile=true compiles)."""
@@ -101,7 +103,10 @@ class RaggedRows:
 
     def new_cache(self, config, prompt_lengths: Sequence[int], uncond_copies: int) -> RaggedCache | StaticRowCache:
         if self.cache_kind == "static":
-            return StaticRowCache(prompt_lengths, uncond_copies, self.layout.n_tokens, self.device)
+            # compiled: the prompt region rounded up, so that a prompt of another length compiles no new graph
+            step = self.prompt_rounding
+            slots = -(-max(prompt_lengths) // step) * step if self.compiled else None
+            return StaticRowCache(prompt_lengths, uncond_copies, self.layout.n_tokens, self.device, prompt_slots=slots)
         return RaggedCache(config, prompt_lengths, uncond_copies)
 
     def truncate(self, lengths: Sequence[int]) -> None:

@@ -86,6 +86,8 @@ def left_pad(features: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, 
 class LlamaGenAdapter(RaggedRows, ModelAdapter):
     """LlamaGen T2I. Build with the constructor (checkpoint files) or `from_parts` (built modules)."""
 
+    prompt_rounding = 1  # every prompt is the caption's cls_token_num slots: one shape already
+
     capabilities = frozenset({WINDOW, CUSTOM_MASK, CODE_EMBEDDINGS, FEATURES})
     official_schedule = "llamagen"
 

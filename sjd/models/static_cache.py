@@ -82,13 +82,17 @@ class StaticRowCache:
         n_tokens: int,
         device: torch.device,
         scratch: int = DEFAULT_SCRATCH,
+        prompt_slots: int | None = None,
     ) -> None:
+        """`prompt_slots`: the prompt region's width, at least the longest prompt (default: exactly that). A
+        compiled forward rounds it up, so that prompts of other lengths keep the cache's shape."""
         self.device = torch.device(device)
         self.prompt_len = torch.tensor(list(prompt_lengths), dtype=torch.long, device=self.device)
         self.rows = len(prompt_lengths)
         self.copies = 1 + uncond_copies
         self.batch = self.rows // self.copies
-        self.prompt_width = T = int(max(prompt_lengths))
+        self.input_width = int(max(prompt_lengths))  # the prefill's width: its ids are left-padded to it
+        self.prompt_width = T = max(self.input_width, prompt_slots or 0)
         self.uniform_prompt = all(n == T for n in prompt_lengths)
         self.n_tokens, self.scratch = n_tokens, scratch
         self.length = T + n_tokens + scratch + 1  # + the slot no query reads
@@ -125,14 +129,16 @@ class StaticRowCache:
     def prefill_kwargs(self, device: torch.device) -> dict:
         """The prompt's positions and mask: real tokens at 0..len-1, causal among themselves; a pad query sees
         itself alone (finite, never read)."""
-        T = self.prompt_width
-        pos = self.prompt_pos
-        self.write_slots = torch.arange(T, device=self.device).expand(self.rows, T)
-        prompt = (pos >= 0)[:, None, :] & (pos[:, None, :] <= pos[:, :, None])
-        prompt |= torch.eye(T, dtype=torch.bool, device=self.device)
-        rest = torch.zeros(self.rows, T, self.length - T, dtype=torch.bool, device=self.device)
+        T, width = self.prompt_width, self.input_width
+        offset = T - width  # the prompt region's slots left of the prefill's ids hold nothing
+        query = self.prompt_pos[:, offset:]  # [rows, width] the prefill's positions, < 0 at padding
+        slots = offset + torch.arange(width, device=self.device)
+        self.write_slots = slots.expand(self.rows, width)
+        prompt = (self.prompt_pos >= 0)[:, None, :] & (self.prompt_pos[:, None, :] <= query[:, :, None])
+        prompt[:, torch.arange(width, device=self.device), slots] = True  # a pad query sees itself: finite, unread
+        rest = torch.zeros(self.rows, width, self.length - T, dtype=torch.bool, device=self.device)
         mask = torch.cat([prompt, rest], dim=2)
-        return {"position_ids": pos.clamp(min=0).to(device), "attention_mask": mask[:, None].to(device)}
+        return {"position_ids": query.clamp(min=0).to(device), "attention_mask": mask[:, None].to(device)}
 
     def truncate(self, lengths: Sequence[int]) -> None:
         keep_below = self._rows(torch.as_tensor(list(lengths), dtype=torch.long))
