@@ -27,8 +27,15 @@ def interval(row: pd.Series, name: str) -> str:
     return f"{row[name]:.2f} ({row[f'{name}_lo']:.2f}-{row[f'{name}_hi']:.2f})"
 
 
+ENGINE_ORDER = ("eager_dynamic", "eager_static", "compiled_static")
+
+
 def render(engine: pd.DataFrame, syncs: pd.DataFrame | None) -> str:
     first = engine.iloc[0]
+    decoders = list(dict.fromkeys(engine["decoder"]))  # the order they were run in
+    engine = engine.assign(
+        _decoder=engine["decoder"].map(decoders.index), _engine=engine["engine"].map(ENGINE_ORDER.index)
+    ).sort_values(["batch", "_decoder", "_engine"])
     lines = [
         "# The engine: eager against compiled forwards, dynamic against static KV cache",
         "",
