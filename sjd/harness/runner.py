@@ -298,7 +298,7 @@ def run_meta(
         "decoder_lossless": {d.name: d.lossless for d in decoders},
         "baseline": baseline,
         "device": dp.device,
-        "cache": adapter.cache_kind if hasattr(adapter, "cache_kind") else "dynamic",
+        "cache": adapter.cache_kind,
         "compiled": bool(cfg.get("compile", False)),
         "compile_mode": compile_mode(cfg, dp.device) if cfg.get("compile", False) else None,
         "world_size": dp.info.world_size,

@@ -39,6 +39,7 @@ class ModelAdapter(ABC):
     # How the checkpoint was made, where the project made it (a stand-in's training record: its recipe,
     # recipe_sha and weights_sha, scripts/train_standin.py); None for released weights. Runs record it.
     training_record: dict | None = None
+    cache_kind: str = "dynamic"  # the KV cache it decodes with (use_cache); RaggedRows adapters also take static
 
     def networks(self) -> dict[str, torch.nn.Module]:
         """The networks the adapter decodes and renders with, by attribute name (the language model, its image

@@ -93,7 +93,6 @@ class StaticRowCache:
         self.batch = self.rows // self.copies
         self.input_width = int(max(prompt_lengths))  # the prefill's width: its ids are left-padded to it
         self.prompt_width = T = max(self.input_width, prompt_slots or 0)
-        self.uniform_prompt = all(n == T for n in prompt_lengths)
         self.n_tokens, self.scratch = n_tokens, scratch
         self.length = T + n_tokens + scratch + 1  # + the slot no query reads
         self.sink = self.length - 1

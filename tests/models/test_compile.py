@@ -7,12 +7,11 @@ eager one on the same (static) cache. Compiling costs a few seconds a window wid
 
 import pytest
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from decoder_on_model import fitted, resolved_decoder
 
 from sjd.core.seeding import make_generators
 from sjd.harness.bookkeeping import build_model
-from sjd.harness.decoder_configs import algorithm_configs, decoder_config
+from sjd.harness.decoder_configs import algorithm_configs
 from sjd.harness.prompts import load_prompt_file
 from sjd.types import EMBEDS
 
@@ -42,10 +41,7 @@ def decode(decoder, adapter, sampling) -> list:
 
 @pytest.mark.parametrize("name", algorithm_configs())
 def test_every_decoder_draws_the_same_tokens_compiled_as_eager(engines, name):
-    node = OmegaConf.create({"decoder": decoder_config(name), "model": OmegaConf.load("conf/model/toy.yaml")})
-    decoder = instantiate(OmegaConf.to_container(node.decoder, resolve=True))
+    decoder = resolved_decoder(name, "toy")
     eager, compiled, sampling = engines["toy_sjd2" if EMBEDS in decoder.requires else "toy"]
-    if "context" in decoder.config():  # PJD and ZipAR: a row's context must fit the toy's 12 codes a row
-        decoder.context = min(decoder.context, eager.layout.width)
-    decoder.check(eager)
+    fitted(decoder, eager)
     assert decode(decoder, compiled, sampling) == decode(decoder, eager, sampling)

@@ -6,12 +6,11 @@ than the scratch region, and every decoder config giving the same tokens on eith
 
 import pytest
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from decoder_on_model import fitted, resolved_decoder
 
 from sjd.core.seeding import make_generators
 from sjd.harness.bookkeeping import build_model
-from sjd.harness.decoder_configs import algorithm_configs, decoder_config
+from sjd.harness.decoder_configs import algorithm_configs
 from sjd.harness.prompts import load_prompt_file
 from sjd.models.static_cache import StaticRowCache
 from sjd.types import CUSTOM_MASK, EMBEDS, Prompt
@@ -74,13 +73,9 @@ def test_an_unknown_cache_kind_is_refused_by_name():
 
 def decode(name: str, base: str, cache: str) -> list:
     """Decoder `name` on `base` (its noise-aware variant for SJD2) with `cache`: tokens, forwards, accepted."""
-    node = OmegaConf.create({"decoder": decoder_config(name), "model": OmegaConf.load(f"conf/model/{base}.yaml")})
-    decoder = instantiate(OmegaConf.to_container(node.decoder, resolve=True))
+    decoder = resolved_decoder(name, base)
     adapter, sampling = build_model(f"{base}_sjd2" if EMBEDS in decoder.requires else base)
-    for key, most in (("window", adapter.layout.n_tokens), ("context", adapter.layout.width)):  # what fits
-        if key in decoder.config():
-            setattr(decoder, key, min(getattr(decoder, key), most))
-    decoder.check(adapter)
+    fitted(decoder, adapter)
     adapter.use_cache(cache)
     prompts = PROMPTS[base]
     with torch.no_grad():
