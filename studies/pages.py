@@ -30,10 +30,18 @@ from studies.drafters_page import drafters_section
 from studies.engine_page import render_engine_page
 from studies.goal_page import POWERED_PAGE, goal_section
 from studies.overlays import FIGURES, Goal, Study, load_studies
+from studies.real_size_page import TITLE as REAL_SIZE_TITLE
+from studies.real_size_page import render_real_size_page
 from studies.regime_page import PUBLISHED, regime_section
 from studies.tables import INTERVAL_LEGEND, describe_run, key_table, latest_run, markdown
 
 GENERATOR = "python scripts/results_pages.py"
+# Pages of the benchmark tools (scripts/bench_engine.py, scripts/real_size.py): each renders from its CSV in
+# results/ when it is there, and its index line says what it shows.
+TOOL_PAGES = (
+    (render_engine_page, "the engine: eager against compiled, dynamic against static cache"),
+    (render_real_size_page, REAL_SIZE_TITLE),
+)
 SECTION_KINDS = ("regime", "calibration", "goal", "drafters")  # studies that close their page with one section
 # README's headline: (page, command) of the study part it shows.
 HEADLINE = ("toy_schedule", "python run.py experiment=toy_schedule decoder.window=16")
@@ -168,12 +176,11 @@ def render_all(results_dir: Path, conf_dir: Path, out_dir: Path, tables_dir: Pat
         out.write_text(render_page(csv.stem, results, pages[csv.stem], out_dir, tables_dir, powered))
         written.append(out)
         index.append(f"| [{csv.stem}]({csv.stem}.md) | {'; '.join(s.title for s in pages[csv.stem])} |")
-    engine = render_engine_page(tables_dir, out_dir) if tables_dir is not None else None
-    if engine is not None:  # a benchmark's page (scripts/bench_engine.py), not a study's
-        written.append(engine)
-        index.append(
-            f"| [{engine.stem}]({engine.name}) | the engine: eager against compiled, dynamic against static cache |"
-        )
+    for render_tool_page, title in TOOL_PAGES:  # a benchmark's page, from its CSV in results/, not a study's
+        page = render_tool_page(tables_dir, out_dir) if tables_dir is not None else None
+        if page is not None:
+            written.append(page)
+            index.append(f"| [{page.stem}]({page.name}) | {title} |")
     readme = out_dir / "README.md"
     readme.write_text(
         "\n".join(

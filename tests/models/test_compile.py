@@ -3,7 +3,14 @@
 The adapter contract holds each architecture's compiled windows to the eager logits with no graph break and no
 recompile (test_compiled_windows_match_eager_with_no_graph_break_or_recompile). Here the decoders: on the toy,
 sampled at a fixed seed (SJD2 on the noise-aware toy), every decoder config on the compiled forward against the
-eager one on the same (static) cache. Compiling costs a few seconds a window width, so these are slow tests."""
+eager one on the same (static) cache. Compiling costs a few seconds a window width, so these are slow tests.
+
+The same check on other models, outside CI (a stand-in's graphs take minutes to compile):
+    SJD_COMPILE_MODELS=standin_lumina_512_cal python -m pytest tests/models/test_compile.py
+runs every decoder config on each listed model, and the decoders that need a noise-aware model (SJD2) on the
+toy's noise-aware variant."""
+
+import os
 
 import pytest
 import torch
@@ -16,6 +23,8 @@ from sjd.harness.prompts import load_prompt_file
 from sjd.types import EMBEDS
 
 PROMPTS = load_prompt_file("sjd/assets/prompts/toy.tsv")[:2]
+MODELS = os.environ.get("SJD_COMPILE_MODELS", "toy").split(",")  # the models every decoder config is decoded on
+NOISE_AWARE = "toy_sjd2"  # for the decoders whose drafts are embeddings (SJD2)
 pytestmark = pytest.mark.slow
 
 
@@ -24,7 +33,7 @@ def engines():
     """Per model (the toy, and its noise-aware variant for SJD2): the model on the static cache, eager, and a
     second copy whose windows are compiled (once for the module: each window width compiles on first use)."""
     out = {}
-    for model in ("toy", "toy_sjd2"):
+    for model in (*MODELS, NOISE_AWARE):
         eager, sampling = build_model(model)
         eager.use_cache("static")
         compiled, _ = build_model(model)
@@ -39,9 +48,10 @@ def decode(decoder, adapter, sampling) -> list:
     return [out.tokens.tolist(), out.n_forward, out.accepted]
 
 
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("name", algorithm_configs())
-def test_every_decoder_draws_the_same_tokens_compiled_as_eager(engines, name):
-    decoder = resolved_decoder(name, "toy")
-    eager, compiled, sampling = engines["toy_sjd2" if EMBEDS in decoder.requires else "toy"]
+def test_every_decoder_draws_the_same_tokens_compiled_as_eager(engines, name, model):
+    decoder = resolved_decoder(name, model)
+    eager, compiled, sampling = engines[NOISE_AWARE if EMBEDS in decoder.requires else model]
     fitted(decoder, eager)
     assert decode(decoder, compiled, sampling) == decode(decoder, eager, sampling)

@@ -60,6 +60,7 @@ SCRIPT_ARGS = {  # arguments appended to a script at tiny size (hydra overrides,
                              "--batches", "1"],
     "count_syncs.py": ["--model", "toy", "--decoders", "ar,sjd", "--windows", "16", "--batches", "1"],
     "bench_engine.py": ["--model", "toy", "--decoders", "ar,sjd", "--window", "4", "--batches", "1", "--prompts", "2"],
+    "real_size.py": ["--tiny", "--models", "lumina", "--windows", "1"],
 }  # fmt: skip
 VENV = ".venv"  # the Makefile's VENV
 MAKE_STEPS = ("make run", "make test")  # what readme_venv stands in for
@@ -110,7 +111,8 @@ REGISTRY = [
           "tests/harness/test_configs.py::test_a_sweep_through_the_submitit_local_launcher_is_collected",
           ("collect_sweep.py",)),
     Entry(r"python run\.py( .*)?", "run"),  # any toy run: defaults, overrides, experiments, --multirun sweeps
-    Entry(r"python scripts/(paper_tables|audit|bench_bookkeeping|count_syncs|bench_engine)\.py( .*)?", "script"),
+    Entry(r"python scripts/(paper_tables|audit|bench_bookkeeping|count_syncs|bench_engine|real_size)\.py( .*)?",
+          "script"),
 ]  # fmt: skip
 
 EXAMPLES = [
