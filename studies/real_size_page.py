@@ -12,6 +12,8 @@ from sjd.harness.results import markdown_table
 
 PAGE = "real_size"
 TITLE = "the real sizes: 7B-class shapes in bf16 through the adapters and the static cache"
+FORWARD_COLUMNS = ["model", "step", "forward", "tokens_in", "trunk_in", "mask", "cond_logits", "uncond_logits",
+                   "seconds"]  # fmt: skip
 
 
 def model_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -81,11 +83,7 @@ def render(rows: pd.DataFrame) -> str:
             "transformer trunk (all CFG rows: ids, or embeddings for Janus and LlamaGen), the attention mask "
             "(rows x 1 x queries x cache slots) and the logits returned for the conditional and unconditional rows.",
             "",
-            markdown_table(
-                ran[["model", "step", "forward", "tokens_in", "trunk_in", "mask", "cond_logits", "uncond_logits",
-                     "seconds"]].fillna(""),  # fmt: skip
-                floatfmt=".2f",
-            ),
+            markdown_table(ran[FORWARD_COLUMNS].fillna(""), floatfmt=".2f"),
             "",
         ]
     return "\n".join(lines)
