@@ -61,6 +61,7 @@ class TreeWindow:
     drafts: torch.Tensor  # [B, C] chain drafts
     q: torch.Tensor  # [B, C, V] their draft distributions
     n_drafts: torch.Tensor  # [B]
+    chain_lengths: list[int]  # n_drafts on the host (the window was laid out from it: reading it costs nothing)
     siblings: torch.Tensor  # [B, D, K-1] sibling ids at chain draft k
     sibling_slot: torch.Tensor  # [B, D, K-1] their slots (0 where absent)
     has_sibling: torch.Tensor  # [B, D, K-1]
@@ -150,22 +151,46 @@ class SJDPACDecoder(CoupledSJDDecoder):
         self.after_commit(step)
 
     # -- phases --------------------------------------------------------------------------------------
-    def plan_row(self, state: WindowState, b: int, lead: int, width: int, layout: ImageLayout, generator):
-        """Chain drafts (carried, topped up with fresh ones), their q, and how many branch."""
+    def sibling_room(self, state: WindowState) -> list[list[tuple[float, int]]]:
+        """Per row, for each of its first `branch_depth` carried drafts: the top mass of the draft's q (a one-hot
+        q has no room for siblings) and how many siblings q can give (its ids with mass, the chain draft's
+        excepted). The window's shape depends on them, so they come to the host: all rows in one copy."""
+        D = self.branch_depth
+        if self.branches == 1 or D == 0:
+            return [[] for _ in state.committed]
+        parts = []
+        for q, d in zip(state.carried_q, state.carried):
+            q, d = q[:D], d[:D]
+            room = (q > 0).sum(-1) - (q.gather(1, d[:, None])[:, 0] > 0).long()
+            parts.append(torch.stack([q.max(-1).values, room.to(q.dtype)], -1))  # counts < 2^24: exact in float32
+        flat = torch.cat(parts).tolist()
+        out, start = [], 0
+        for part in parts:
+            out.append([(top, int(room)) for top, room in flat[start : start + len(part)]])
+            start += len(part)
+        return out
+
+    def plan_row(
+        self,
+        state: WindowState,
+        b: int,
+        lead: int,
+        width: int,
+        layout: ImageLayout,
+        generator,
+        room: list[tuple[float, int]],
+    ):
+        """Chain drafts (carried, topped up with fresh ones), their q, and how many siblings each of the first
+        `depth` of them gets (`room`: the row's `sibling_room`)."""
         n, N, K = state.committed[b], layout.n_tokens, self.branches
         budget = max(width - lead, 0) if width else 0  # inputs left after the lead-in
-        carried_q = state.carried_q[b]
         depth = 0
         if K > 1:
-            while (
-                depth < min(self.branch_depth, len(carried_q))
-                and float(carried_q[depth].max()) < ONE_HOT
-                and (depth + 1) * K <= budget
-            ):
+            while depth < min(self.branch_depth, len(room)) and room[depth][0] < ONE_HOT and (depth + 1) * K <= budget:
                 depth += 1
         n_chain = min(budget - depth * (K - 1), N - n)
         d, dq = self.top_up(state, b, n_chain, layout, generator)
-        return d, dq, depth
+        return d, dq, [min(K - 1, room[k][1]) for k in range(depth)]
 
     def build_window(
         self,
@@ -179,18 +204,17 @@ class SJDPACDecoder(CoupledSJDDecoder):
         B, V, device = len(widths), layout.vocab_size, state.tokens.device
         K1, D = self.branches - 1, self.branch_depth
         rows = []
-        for b in range(B):
+        for b, room in enumerate(self.sibling_room(state)):
             n = state.committed[b]
             lead = n - cached[b] if widths[b] else 0
-            d, dq, depth = self.plan_row(state, b, lead, widths[b], layout, generators[b])
-            sib = torch.zeros(depth, K1, dtype=torch.long, device=device)
-            ok = torch.zeros(depth, K1, dtype=torch.bool, device=device)
-            if depth:
-                u = torch.rand(depth, V, generator=generators[b], device=device)
-                sib, ok = draw_siblings(dq[:depth], d[:depth], K1, u)
-            rows.append((lead, d, dq, sib, ok))
+            d, dq, counts = self.plan_row(state, b, lead, widths[b], layout, generators[b], room)
+            sib = torch.zeros(len(counts), K1, dtype=torch.long, device=device)
+            if counts:
+                u = torch.rand(len(counts), V, generator=generators[b], device=device)
+                sib, _ = draw_siblings(dq[: len(counts)], d[: len(counts)], K1, u)  # the first counts[k] exist
+            rows.append((lead, d, dq, sib, counts))
 
-        W = max(1, max(lead + len(d) + int(ok.sum()) for lead, d, _, _, ok in rows))
+        W = max(1, max(lead + len(d) + sum(counts) for lead, d, _, _, counts in rows))
         C = max(len(d) for _, d, _, _, _ in rows)
         tokens = torch.zeros(B, W, dtype=torch.long, device=device)
         positions = torch.full((B, W), -1, dtype=torch.long)
@@ -202,7 +226,7 @@ class SJDPACDecoder(CoupledSJDDecoder):
         siblings = torch.zeros(B, D, K1, dtype=torch.long, device=device)
         sibling_slot = torch.zeros(B, D, K1, dtype=torch.long)
         has_sibling = torch.zeros(B, D, K1, dtype=torch.bool)
-        for b, (lead, d, dq, sib, ok) in enumerate(rows):
+        for b, (lead, d, dq, sib, counts) in enumerate(rows):
             n, c = state.committed[b], len(d)
             line = lead + c  # lead-in and chain: one causal run
             tokens[b, :lead] = state.tokens[b, n - lead : n]
@@ -212,16 +236,19 @@ class SJDPACDecoder(CoupledSJDDecoder):
             chain_slot[b, : c + 1] = torch.arange(lead - 1, line) if lead else 0
             drafts[b, :c], q[b, :c] = d, dq
             slot = line
-            for k, i in ok.nonzero().tolist():  # sibling of chain draft k: sees the chain before it
+            slots = [(k, i) for k, count in enumerate(counts) for i in range(count)]
+            for k, i in slots:  # sibling i of chain draft k: sees the chain before it
                 tokens[b, slot], positions[b, slot] = sib[k, i], n + k
                 mask[b, slot, : lead + k] = True
                 transient[b, slot] = True
                 siblings[b, k, i], sibling_slot[b, k, i], has_sibling[b, k, i] = sib[k, i], slot, True
                 slot += 1
-        n_drafts = torch.tensor([len(d) for _, d, _, _, _ in rows], device=device)
+        lengths = [len(d) for _, d, _, _, _ in rows]
+        n_drafts = torch.tensor(lengths, device=device)
         return TreeWindow(
-            tokens, positions, mask, transient, chain_slot, drafts, q, n_drafts, siblings, sibling_slot, has_sibling
-        )
+            tokens, positions, mask, transient, chain_slot, drafts, q, n_drafts, lengths, siblings, sibling_slot,
+            has_sibling,
+        )  # fmt: skip
 
     def verify_tree(self, step: TreeStep) -> TreeVerdict:
         """Chain tests; recursive rejection sampling over the siblings at the first rejection."""
@@ -229,7 +256,7 @@ class SJDPACDecoder(CoupledSJDDecoder):
         B, C, device = p.shape[0], win.drafts.shape[1], p.device
         rows = torch.arange(B, device=device)
         p_chain = p[rows[:, None], win.chain_slot.to(device)]  # [B, C+1, V]
-        u = draw_tree_uniforms(call.generators, win.n_drafts.tolist(), C, self.branches - 1, device)
+        u = draw_tree_uniforms(call.generators, win.chain_lengths, C, self.branches - 1, device)
         accepted, n_acc = accepted_prefix(accept_tests(p_chain, win.drafts, win.q, u["accept"]), win.n_drafts)
         # Target at the first rejection: p minus the chain draft's q (p itself at the bonus slot).
         p_at, q_at, has_draft = stop_slot(p_chain, win.q, n_acc, win.n_drafts)
@@ -254,7 +281,9 @@ class SJDPACDecoder(CoupledSJDDecoder):
     @staticmethod
     def commit_tree(state: TreeState, win: TreeWindow, verdict: TreeVerdict, widths: list[int]) -> None:
         """SJD's commit of the accepted chain; where a sibling was accepted, it and its bonus end the row."""
-        N, picked = state.tokens.shape[1], verdict.picked.tolist()
+        N, B = state.tokens.shape[1], len(widths)
+        read = state.read_counts(torch.cat([verdict.result.n_accepted, verdict.picked]))  # one copy for both
+        n_accepted, picked = read[:B], read[B:]
         cached, branch_commits = state.cached, state.branch_commits
 
         def end_row(b: int, n: int, j: int) -> int:
@@ -272,8 +301,10 @@ class SJDPACDecoder(CoupledSJDDecoder):
             return take
 
         # The chain's slots hold the next drafts: lead-in and sibling slots carry nothing.
-        spans = [n + 1 if w else 0 for n, w in zip(win.n_drafts.tolist(), widths)]
-        state.commit(verdict.result, win.drafts, verdict.samples, verdict.p_chain, spans, verdict.samples_q, end_row)
+        spans = [n + 1 if w else 0 for n, w in zip(win.chain_lengths, widths)]
+        state.commit(
+            verdict.result, win.drafts, verdict.samples, verdict.p_chain, spans, verdict.samples_q, end_row, n_accepted
+        )
 
     @staticmethod
     def tree_committed_slots(win: TreeWindow, verdict: TreeVerdict) -> torch.Tensor:

@@ -62,14 +62,18 @@ class WindowState:
         widths: list[int],
         samples_q: torch.Tensor | None = None,
         end_row: Callable[[int, int, int], int] | None = None,
+        n_accepted: list[int] | None = None,
     ) -> None:
         """Accepted drafts + the next token; the later samples carry over with their q, which is
         p unless a coupled decoder says otherwise (one host sync). `widths[b]` is how many window
         slots of row b hold samples (0: the row is complete). `end_row(b, n, n_accepted)` writes
         what follows row b's accepted drafts and returns how many tokens the forward commits in
-        all (default `end_with_next_token`); the branching decoder commits a sibling there."""
+        all (default `end_with_next_token`); the branching decoder commits a sibling there. `n_accepted`:
+        `result.n_accepted` already read to the host (with what else the caller needed in the same copy)."""
         samples_q = p if samples_q is None else samples_q
-        for b, n_acc in enumerate(self.read_counts(result.n_accepted)):
+        if n_accepted is None:
+            n_accepted = self.read_counts(result.n_accepted)
+        for b, n_acc in enumerate(n_accepted):
             if widths[b] == 0:
                 continue
             n = self.committed[b]

@@ -213,11 +213,9 @@ PURPOSES = {
     "in decoders that read no count after each forward",
     "base.py finish": "copies the finished tokens to the host, once a decode",
     "window_state.py commit": "reads the accepted lengths",
-    "sjd_pac.py plan_row": "the branch plan reads per-row probabilities on the host (not yet on the device)",
-    "sjd_pac.py <genexpr>": "the branch plan reads per-row counts on the host (not yet on the device)",
-    "sjd_pac.py verify_tree": "verification at the siblings reads which sibling was accepted on the host",
+    "sjd_pac.py sibling_room": "the branch plan: how many siblings each row's first carried drafts can have, all "
+    "rows in one copy (the tree window's shape depends on it)",
     "ar.py generate": "AR's loop reads the rows' finished state or tokens on the host",
-    "sjd_pac.py build_window": "the window with its siblings is laid out on the host from per-row counts",
     "tree_verify.py ancestors": "tree verification walks each node's ancestors on the host",
     "eagle.py commit": "the accepted path's slots, picked with boolean masks (their number is data-dependent)",
     "pjd.py verify_and_commit": "reads each row group's accepted count on the host",

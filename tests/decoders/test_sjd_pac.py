@@ -43,6 +43,33 @@ def test_siblings_are_drawn_without_replacement_and_never_repeat_the_chain_draft
     assert chisquare(counts[1:3], [0.6 * N, 0.4 * N]).pvalue > 1e-3
 
 
+def test_the_host_plan_counts_the_siblings_that_the_draw_gives():
+    """The window is laid out from `sibling_room`, read to the host before the draw: for each carried draft the
+    draw's existing siblings must be exactly its first min(K - 1, room) (q's ids with mass, the chain draft's
+    excepted), and the top mass is q's, so a one-hot q gets none. Tiny masses and a chain draft outside q
+    included."""
+    g = torch.Generator().manual_seed(3)
+    V, K1 = 12, 3
+    q = torch.rand(40, V, generator=g) * (torch.rand(40, V, generator=g) < 0.3)
+    q[:4] = 0.0
+    q[0, 5] = 1.0  # one-hot
+    q[1, [2, 7]] = torch.tensor([1.0, 1e-38])  # a tiny (subnormal) mass is still an id with mass
+    q[2, 3] = 1.0  # the chain draft below has no mass here
+    q[3, [1, 2]] = 0.5
+    q = q / q.sum(-1, keepdim=True).clamp_min(1e-30)
+    q[4:6] = 0.0  # no mass at all
+    chain = torch.where(q.sum(-1) > 0, sample_from(q.clamp_min(0), torch.rand(40, generator=g)), 0)
+    chain[2] = 4
+    decoder = SJDPACDecoder(branches=K1 + 1, branch_depth=40)
+    state = type("State", (), {"committed": [0], "carried": [chain], "carried_q": [q]})()
+    (room,) = decoder.sibling_room(state)
+    _, ok = draw_siblings(q, chain, K1, torch.rand(40, V, generator=g))
+    counts = torch.tensor([min(K1, r) for _, r in room])
+    assert torch.equal(ok, torch.arange(K1)[None, :] < counts[:, None])
+    assert [top for top, _ in room] == q.max(-1).values.tolist()
+    assert room[0] == (1.0, 0) and room[1][1] == 1 and room[2][1] == 1 and room[3][1] == 1 and room[4][1] == 0
+
+
 def test_recursive_rejection_over_siblings_samples_p_and_accepts_more_often():
     """Chain draft c ~ q, siblings without replacement from q minus c, the chain test, then
     verify_siblings and the last residual: the committed token is distributed as p."""

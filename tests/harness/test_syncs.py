@@ -44,3 +44,27 @@ def test_sjd_on_the_toy_syncs_once_an_iteration_and_never_in_the_pipeline(toy):
     with torch.no_grad():
         ar = report_row([count_decode(lambda: ARDecoder().generate(toy, PROMPTS, sampling_cfg, gens), toy, {})])
     assert ar["decoder_syncs_per_iter"] < 0.1  # nothing a step: the prefill's NaN guard and the result, once
+
+
+def test_sjd_pac_syncs_twice_an_iteration_the_branch_plan_and_the_accepted_lengths(toy):
+    """The tree window's shape depends on how many siblings each row's carried drafts can have: one copy for all
+    rows; the accepted lengths and the accepted siblings: one more. Nothing else a step, at batch 1 and 3."""
+    from sjd.decoders.sjd_pac import SJDPACDecoder
+
+    def decode(prompts):
+        gens = make_generators(0, [p.prompt_id for p in prompts], toy.device)
+        with torch.no_grad():
+            return SJDPACDecoder(window=16).generate(toy, prompts, SamplingConfig(cfg_scale=3.0), gens)
+
+    for prompts in (PROMPTS[:1], load_prompt_file("sjd/assets/prompts/toy.tsv")[:3]):
+        toy.use_cache("static")
+        try:
+            counts = count_decode(lambda prompts=prompts: decode(prompts), toy, {})
+        finally:
+            toy.use_cache("dynamic")
+        row = report_row([counts])
+        per_site = {site.split(" at ")[1].split(" ", 1)[1]: n for (_, site), n in counts.syncs.items()}
+        assert per_site["read"] == per_site["sibling_room"] == counts.forwards  # once every iteration
+        assert row["pipeline_syncs_per_iter"] == 0 and row["forward_syncs_per_iter"] == 0
+        assert row["decoder_syncs_per_iter"] < 2.1  # those two; the prefill's NaN guard and the result's copy, once
+        assert "not yet explained" not in sync_purposes(row["decoder_sync_sites"])

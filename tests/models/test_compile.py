@@ -8,8 +8,12 @@ eager one on the same (static) cache. Compiling costs a few seconds a window wid
 The same check on other models, outside CI (a stand-in's graphs take minutes to compile):
     SJD_COMPILE_MODELS=standin_lumina_512_cal python -m pytest tests/models/test_compile.py
 runs every decoder config on each listed model, and the decoders that need a noise-aware model (SJD2) on the
-toy's noise-aware variant."""
+toy's noise-aware variant. A model other than the toy decodes greedily (temperature 0): the compiled logits
+differ from the eager ones in the last float32 bits (inductor fuses and reorders the sums), and over a stand-in's
+thousand sampled tokens one of them can fall on the other side of a top-k cut or a uniform draw. The toy's
+images are short enough that the sampled tokens agree, and they are what the test holds there."""
 
+import dataclasses
 import os
 
 import pytest
@@ -25,6 +29,7 @@ from sjd.types import EMBEDS
 PROMPTS = load_prompt_file("sjd/assets/prompts/toy.tsv")[:2]
 MODELS = os.environ.get("SJD_COMPILE_MODELS", "toy").split(",")  # the models every decoder config is decoded on
 NOISE_AWARE = "toy_sjd2"  # for the decoders whose drafts are embeddings (SJD2)
+SAMPLED = ("toy", NOISE_AWARE)  # decoded with their sampling settings; other models greedily
 pytestmark = pytest.mark.slow
 
 
@@ -52,6 +57,9 @@ def decode(decoder, adapter, sampling) -> list:
 @pytest.mark.parametrize("name", algorithm_configs())
 def test_every_decoder_draws_the_same_tokens_compiled_as_eager(engines, name, model):
     decoder = resolved_decoder(name, model)
-    eager, compiled, sampling = engines[NOISE_AWARE if EMBEDS in decoder.requires else model]
+    on = NOISE_AWARE if EMBEDS in decoder.requires else model
+    eager, compiled, sampling = engines[on]
+    if on not in SAMPLED:
+        sampling = dataclasses.replace(sampling, temperature=0.0)
     fitted(decoder, eager)
     assert decode(decoder, compiled, sampling) == decode(decoder, eager, sampling)
