@@ -77,8 +77,9 @@ def check_finite(logits: Logits, model: str, prompt_ids: Sequence[str], step: in
 class ForwardClock:
     """Counts and times the model calls of one generate(), so decoder bookkeeping is visible.
 
-    On a GPU each call is synchronised (decoders sync once per forward anyway to read the
-    number of accepted tokens), so the split between model and bookkeeping time is honest.
+    On a GPU each call is bracketed by two CUDA events and nothing waits for them: `model_s` resolves them when it
+    is read after the decode, once the device is idle. So the clock adds no host sync to the loop (the one a window
+    decoder needs is its read of the accepted lengths), and `model_s` is the GPU's own time inside the calls.
 
     Every forward's logits are checked for NaN/inf. By default the check reads its flag at once (one sync a
     forward); a decoder that reads a per-row count after every forward anyway sets `defer_finite_check` and
@@ -87,7 +88,8 @@ class ForwardClock:
 
     def __init__(self, adapter: ModelAdapter) -> None:
         self.adapter = adapter
-        self.model_s = 0.0
+        self._model_s = 0.0
+        self._forward_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # GPU: not yet resolved
         self.calls = 0
         self.prompt_ids: list[str] = []
         self.stages = StageClock(adapter.device)
@@ -98,19 +100,28 @@ class ForwardClock:
         """The decode time since the previous lap went to `stage` (sjd.decoders.stages.STAGES)."""
         self.stages.lap(stage)
 
+    @property
+    def model_s(self) -> float:
+        """Seconds inside the model calls so far. On a GPU, read it after the decode: it waits for the last call's
+        event (finish has synchronised the device by then) and resolves them all."""
+        if self._forward_events:
+            self._forward_events[-1][1].synchronize()
+            self._model_s += sum(start.elapsed_time(end) for start, end in self._forward_events) / 1000
+            self._forward_events = []
+        return self._model_s
+
     def _timed(self, fn, *args) -> Logits:
         self.stages.lap("other")
-        if self.adapter.device.type == "cuda":  # CUDA events: the GPU's own clock around the call
+        if self.adapter.device.type == "cuda":  # CUDA events: the GPU's own clock around the call, read later
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             out = fn(*args)
             end.record()
-            end.synchronize()
-            self.model_s += start.elapsed_time(end) / 1000
+            self._forward_events.append((start, end))
         else:
             t0 = time.perf_counter()
             out = fn(*args)
-            self.model_s += time.perf_counter() - t0
+            self._model_s += time.perf_counter() - t0
         self.stages.lap("forward")  # the finite check below is the logits pipeline's
         self.calls += 1
         if self.defer_finite_check:
