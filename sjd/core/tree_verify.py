@@ -38,6 +38,8 @@ class TreeWalk:
     n_accepted: torch.Tensor  # [B] drafted tokens accepted (the path's length minus the root)
     next_token: torch.Tensor  # [B] the token after them: a residual sample, or the bonus
     next_p: torch.Tensor  # [B, V] p at the last accepted node (where the next token's slot sits)
+    complete: torch.Tensor  # [] bool, on the device: every row stopped within the uniforms' levels (else the
+    # levels were fewer than the tree's depth + 1, a caller's error; the caller reads it with its counts)
 
 
 def walk_tree(
@@ -80,9 +82,7 @@ def walk_tree(
         n_accepted += moves.long()
         path[:, level + 1] = torch.where(moves, current, -1)
         done |= stops
-    if not bool(done.all()):
-        raise ValueError("walk_tree: the uniforms cover fewer levels than the tree has")
-    return TreeWalk(path, n_accepted, next_token, next_p)
+    return TreeWalk(path, n_accepted, next_token, next_p, done.all())
 
 
 def sample_and_descend(
@@ -109,17 +109,17 @@ def sample_and_descend(
 
 def ancestors(parent: torch.Tensor) -> torch.Tensor:
     """[B, N, N] bool: node j is node i or one of its ancestors, from parent [B, N] (-1 for the root and
-    for absent nodes, whose row is themselves alone)."""
+    for absent nodes, whose row is themselves alone). The closure of "j is i or i's parent" by repeated
+    squaring: after k squarings it reaches ancestors up to 2^k steps up, so ceil(log2 N) of them reach all,
+    and the host never asks the device how deep the tree is."""
     B, N = parent.shape
     device = parent.device
-    eye = torch.eye(N, dtype=torch.bool, device=device).expand(B, N, N).clone()
-    up = parent.clone()
-    rows = torch.arange(B, device=device)[:, None]
-    out = eye
-    for _ in range(N):
-        has = up >= 0
-        if not bool(has.any()):
-            break
-        out = out | (torch.nn.functional.one_hot(up.clamp(min=0), N).bool() & has[..., None])
-        up = torch.where(has, parent[rows, up.clamp(min=0)], up)
-    return out
+    reach = torch.eye(N, dtype=torch.bool, device=device).expand(B, N, N).clone()
+    has = parent >= 0
+    reach |= torch.nn.functional.one_hot(parent.clamp(min=0), N).bool() & has[..., None]
+    steps = 1
+    while steps < N:
+        step = reach.to(torch.float32)
+        reach = torch.bmm(step, step) > 0  # exact: sums of 0/1 products, at most N
+        steps *= 2
+    return reach

@@ -103,7 +103,7 @@ class DrafterContinuation:
         tokens = torch.where(offsets[None, :] < count[:, None], state.tokens.gather(1, gen_pos), 0)
         hidden = logits.features.hidden
         index = run.to_rows(slots)[..., None].expand(-1, -1, hidden.shape[-1])
-        if bool(going_on.any()):
+        if any(n < N for n in state.committed):  # read on the host: the lists are the state's own
             run.catch_up(hidden.gather(1, index), tokens, gen_pos, count)
             self.continue_drafts(state, call)
             state.drafter_forwards = run.row_forwards

@@ -24,7 +24,7 @@ Settings (conf/decoder/eagle.yaml): `tree` (`dynamic`, or a static shape such as
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -100,23 +100,24 @@ class EagleDecoder(Decoder):
         run.start(clock.prefill_features, tokens[:, 0])
         committed = torch.ones(B, dtype=torch.long, device=device)
         accepted, n_forward = [[1] for _ in range(B)], [1] * B
+        clock.defer_finite_check = True  # commit reads the rows' counts and the NaN/inf flags in one copy
+        done = [1] * B  # committed, on the host (from the counts commit reads)
 
-        while True:
+        while any(n < N for n in done):
             active = committed < N
-            if not bool(active.any()):
-                break
             tree = self.draft(run, committed - 1, generators)
             clock.lap("draft")
             p, features = self.forward(clock, tokens, committed - 1, tree, active, call)
             clock.lap("pipeline")
             walk = self.verify(adapter, p, tree, generators)
             clock.lap("verify")
-            took = self.commit(adapter, run, tokens, committed, tree, walk, features, active)
+            took = self.commit(adapter, run, tokens, committed, tree, walk, features, active, clock.read)
             clock.lap("commit")
             for b, take in enumerate(took):
                 if take:
                     accepted[b].append(take)
                     n_forward[b] += 1
+                    done[b] += take
 
         result = clock.finish(tokens, n_forward, accepted)
         result.extras["drafter_forwards"] = run.row_forwards.tolist()
@@ -197,12 +198,13 @@ class EagleDecoder(Decoder):
         walk: TreeWalk,
         features: torch.Tensor,
         active: torch.Tensor,
+        read: Callable[[torch.Tensor], list[int]] = torch.Tensor.tolist,
     ) -> list[int]:
         """Write the accepted path and the next token; keep the path in the target's cache; let the drafter
-        catch up. Returns how many tokens each row committed (one host sync)."""
+        catch up. Returns how many tokens each row committed, read to the host by `read` (the clock's, which
+        brings the forwards' NaN/inf flags in the same copy): the one host sync of an iteration."""
         N, B = tokens.shape[1], tokens.shape[0]
         device = tokens.device
-        rows = torch.arange(B, device=device)
         root_pos = committed - 1
         A = walk.path.shape[1]
         offsets = torch.arange(A, device=device)
@@ -212,9 +214,13 @@ class EagleDecoder(Decoder):
         ends = root_pos + 1 + walk.n_accepted  # where the next token goes
         write_pos = root_pos[:, None] + offsets[None, :]  # slot a holds the token at root_pos + a
         write = on_path & (offsets[None, :] >= 1)
-        tokens[rows[:, None].expand(-1, A)[write], write_pos[write]] = drafted[write]
         has_next = active & (ends < N)
-        tokens[rows[has_next], ends[has_next]] = walk.next_token[has_next]
+        # Both writes go through one scatter into the tokens and a spare last column, where every entry that
+        # writes nothing lands: masked indexing would ask the host how many entries there are.
+        where = torch.cat([torch.where(write, write_pos, N), torch.where(has_next, ends, N)[:, None]], 1)
+        values = torch.cat([drafted, walk.next_token[:, None]], 1)
+        spare = torch.cat([tokens, tokens.new_zeros(B, 1)], 1).scatter_(1, where, values)
+        tokens.copy_(spare[:, :N])
         take = torch.where(active, walk.n_accepted + has_next.long(), 0)
         keep = torch.zeros_like(tree.present)
         keep.scatter_(1, path_nodes, on_path & (offsets[None, :] >= 1))
@@ -225,6 +231,10 @@ class EagleDecoder(Decoder):
         pair_tokens = torch.where(offsets[None, :] < count[:, None], tokens.gather(1, gen_pos), 0)
         hidden = features.gather(1, run.to_rows(path_nodes)[..., None].expand(-1, -1, features.shape[-1]))
         committed += take
-        if bool(has_next.any()):
+        counts = read(torch.cat([take, has_next.any()[None].long(), walk.complete[None].long()]))
+        if not counts[B + 1]:
+            raise ValueError(f"decoder {self.name!r}: the verification levels ({self.levels()}) are fewer than the "
+                             "draft tree's depth + 1")  # fmt: skip
+        if counts[B]:  # a row goes on: the drafter takes the committed pairs
             run.catch_up(hidden, pair_tokens, gen_pos, count)
-        return take.tolist()
+        return counts[:B]

@@ -163,10 +163,13 @@ class TreeGrowth:
         )
         rank = same.sum(-1)  # earlier present siblings
         K = self.k
-        children = torch.full((B, n, K), -1, dtype=torch.long, device=self.device)
         has = present & (parent >= 0) & (rank < K)
-        b_idx, i_idx = has.nonzero(as_tuple=True)
-        children[b_idx, parent[b_idx, i_idx], rank[b_idx, i_idx]] = i_idx
+        # children[b, parent, rank] = node, by one scatter into a flat table with a spare last slot where every
+        # node without a place goes (no host read of how many there are); (parent, rank) pairs are unique
+        slot = torch.where(has, parent.clamp(min=0) * K + rank.clamp(max=K - 1), n * K)
+        flat = torch.full((B, n * K + 1), -1, dtype=torch.long, device=self.device)
+        flat.scatter_(1, slot, torch.where(has, index[None, :].expand(B, n), -1))
+        children = flat[:, : n * K].view(B, n, K)
         node_q = None
         if self.keep_q:
             node_q = torch.zeros(B, n, self.V, device=self.device)

@@ -212,16 +212,14 @@ PURPOSES = {
     "base.py check_finite": "the NaN/inf guard on the logits, read at once: the prefill's, and every forward's "
     "in decoders that read no count after each forward",
     "base.py finish": "copies the finished tokens to the host, once a decode",
+    "eagle.py generate": "copies the drafter's forwards per row to the host, once a decode",
+    "window_state.py finish": "copies the drafter's forwards per row to the host, once a decode",
     "window_state.py commit": "reads the accepted lengths",
     "sjd_pac.py sibling_room": "the branch plan: how many siblings each row's first carried drafts can have, all "
     "rows in one copy (the tree window's shape depends on it)",
     "ar.py generate": "AR's loop reads the rows' finished state or tokens on the host",
-    "tree_verify.py ancestors": "tree verification walks each node's ancestors on the host",
-    "eagle.py commit": "the accepted path's slots, picked with boolean masks (their number is data-dependent)",
     "pjd.py verify_and_commit": "reads each row group's accepted count on the host",
     "pjd.py next_drafts": "picks the next drafts with boolean masks",
-    "tree.py finish": "the drafter's chosen tree nodes, found with nonzero",
-    "drafted.py after_commit": "asks on the host whether any row needs drafter drafts this step",
 }
 
 

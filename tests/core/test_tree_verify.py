@@ -89,6 +89,9 @@ def test_descending_a_tree_commits_tokens_distributed_as_the_target(children):
 
     u = torch.rand(ROWS, 3, k, generator=g)
     walk = walk_tree(p, tokens, tree_children, q_of, u, torch.rand(ROWS, 3, generator=g))
+    assert bool(walk.complete)
+    short = walk_tree(p, tokens, tree_children, q_of, u[:, :1], torch.rand(ROWS, 1, generator=g))
+    assert not bool(short.complete)  # one level cannot finish a row whose root child is accepted
     first, second = first_two(walk, tokens)
     counts = np.bincount(first.numpy(), minlength=V)
     assert fits(counts, ps[0]) > 1e-3
@@ -125,6 +128,25 @@ def test_ancestor_mask_holds_each_node_its_path():
     assert mask[4].nonzero().flatten().tolist() == [0, 1, 3, 4]
     assert mask[2].nonzero().flatten().tolist() == [0, 2]
     assert mask[5].nonzero().flatten().tolist() == [5]  # an absent node sees itself only
+
+
+def test_ancestor_mask_reaches_the_root_of_deep_chains_and_random_trees():
+    """Against a walk up the parents written out: a chain of 64 (as deep as a tree of 64 nodes gets) and random
+    trees with absent nodes, batched."""
+    g = torch.Generator().manual_seed(0)
+    chain = torch.arange(-1, 63)[None]  # node i's parent is i - 1
+    trees = torch.stack([torch.tensor([-1] + [int(torch.randint(i, (1,), generator=g)) for i in range(1, 40)])
+                         for _ in range(5)])  # fmt: skip
+    trees[:, 30:] = -1  # absent nodes
+    for parent in (chain, trees):
+        expected = torch.zeros(parent.shape[0], parent.shape[1], parent.shape[1], dtype=torch.bool)
+        for b, row in enumerate(parent.tolist()):
+            for i in range(len(row)):
+                j = i
+                while j >= 0:
+                    expected[b, i, j] = True
+                    j = row[j]
+        assert torch.equal(ancestors(parent), expected)
 
 
 def test_without_replacement_q_removes_earlier_draws():

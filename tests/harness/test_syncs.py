@@ -68,3 +68,25 @@ def test_sjd_pac_syncs_twice_an_iteration_the_branch_plan_and_the_accepted_lengt
         assert row["pipeline_syncs_per_iter"] == 0 and row["forward_syncs_per_iter"] == 0
         assert row["decoder_syncs_per_iter"] < 2.1  # those two; the prefill's NaN guard and the result's copy, once
         assert "not yet explained" not in sync_purposes(row["decoder_sync_sites"])
+
+
+def test_the_drafter_decoders_sync_once_an_iteration(toy):
+    """EAGLE-2's tree, LANTERN's relaxed walk and SJD with drafter drafts: the committed counts (with the forwards'
+    NaN/inf flags and whether the tree walk finished) in one copy an iteration, nothing else; on the static cache."""
+    from decoder_on_model import fitted, resolved_decoder
+
+    for name in ("eagle", "lantern", "sjd_drafter"):
+        decoder = fitted(resolved_decoder(name, "toy"), toy)
+        gens = make_generators(0, [p.prompt_id for p in PROMPTS], toy.device)
+        toy.use_cache("static")
+        try:
+            with torch.no_grad():
+                counts = count_decode(lambda d=decoder, g=gens: d.generate(toy, PROMPTS, SamplingConfig(), g), toy, {})
+        finally:
+            toy.use_cache("dynamic")
+        row = report_row([counts])
+        per_site = {site.split(" at ")[1].split(" ", 1)[1]: n for (_, site), n in counts.syncs.items()}
+        assert per_site["read"] == counts.forwards, name
+        assert row["pipeline_syncs_per_iter"] == 0 and row["forward_syncs_per_iter"] == 0, name
+        assert row["decoder_syncs_per_iter"] < 1.2, (name, row["decoder_sync_sites"])  # + once a decode
+        assert "not yet explained" not in sync_purposes(row["decoder_sync_sites"]), name
