@@ -217,9 +217,9 @@ class EagleDecoder(Decoder):
         has_next = active & (ends < N)
         # Both writes go through one scatter into the tokens and a spare last column, where every entry that
         # writes nothing lands: masked indexing would ask the host how many entries there are.
-        where = torch.cat([torch.where(write, write_pos, N), torch.where(has_next, ends, N)[:, None]], 1)
+        at = torch.cat([torch.where(write, write_pos, N), torch.where(has_next, ends, N)[:, None]], 1)
         values = torch.cat([drafted, walk.next_token[:, None]], 1)
-        spare = torch.cat([tokens, tokens.new_zeros(B, 1)], 1).scatter_(1, where, values)
+        spare = torch.cat([tokens, tokens.new_zeros(B, 1)], 1).scatter_(1, at, values)
         tokens.copy_(spare[:, :N])
         take = torch.where(active, walk.n_accepted + has_next.long(), 0)
         keep = torch.zeros_like(tree.present)
