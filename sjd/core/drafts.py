@@ -96,14 +96,13 @@ def distribution_drafts(
     random_ids = free_ids[torch.randint(len(free_ids), (count,), generator=generator, device=device)]
     seq = torch.cat([known[:start], torch.empty(count, dtype=torch.long, device=device)])
     q = torch.zeros(count, V, device=device)
-    forced = layout.forced.to(device)
+    forced = layout.forced[start : start + count].tolist()  # the layout's own host tensor: reading it stalls nothing
     for i in range(count):  # sequential: a draft may copy the draft just above it
         pos, above = start + i, start + i - layout.row_stride
         column = _column(pos, layout)
-        if (force and forced[pos] >= 0) or not (0 <= column < layout.width and layout.first_code <= above < committed):
-            seq[pos] = (
-                forced[pos] if force and forced[pos] >= 0 else _spatial("vertical", seq, pos, layout, random_ids[i])
-            )
+        is_forced = force and forced[i] >= 0
+        if is_forced or not (0 <= column < layout.width and layout.first_code <= above < committed):
+            seq[pos] = forced[i] if is_forced else _spatial("vertical", seq, pos, layout, random_ids[i])
             q[i, seq[pos]] = 1.0
             continue
         q[i] = committed_p[above % layout.row_stride]

@@ -8,11 +8,14 @@ kernel launch. Here everything runs on the CPU, so `SyncCounter` (a torch functi
 
 - device tensors: the parameters and buffers of the adapter's networks and of a decoder's own (a drafter),
   every tensor a factory makes with an explicit `device=` (what a decoder allocates on `adapter.device`),
-  and every output of an operator with a device tensor among its inputs. A tensor built on the host
-  (`torch.tensor(list)` without a device) is a host tensor, and reading it stalls nothing.
-- a sync: one of SYNC_FUNCTIONS on a device tensor, or indexing one with a boolean mask. Each is counted
-  where it happens: in the model forward (the adapter's own methods), in the logits pipeline
-  (sjd.core.sampling.logits_to_probs), or in the decoder, with the innermost sjd/ line that asked for it.
+  every host tensor moved with `.to(a torch.device)` (`.to(adapter.device)`: a no-op here, so the counter
+  hands on a copy to mark, never the host tensor itself), and every output of an operator with a device
+  tensor among its inputs. A tensor built on the host (`torch.tensor(list)` without a device) is a host
+  tensor, and reading it stalls nothing.
+- a sync: one of SYNC_FUNCTIONS on a device tensor, `.to("cpu")` of one, or indexing one with a boolean
+  mask. Each is counted where it happens: in the model forward (the adapter's own methods), in the logits
+  pipeline (sjd.core.sampling.logits_to_probs), or in the decoder, with the innermost sjd/ line that asked
+  for it.
 - an operator call outside the forward: any torch function producing a device tensor while no adapter
   method runs: a kernel launch on a GPU, before any compile fuses them.
 
@@ -77,10 +80,13 @@ class SyncCounter(TorchFunctionMode):
         kwargs = kwargs or {}
         inputs = [a for a in _flat((args, kwargs)) if isinstance(a, torch.Tensor)]
         on_device = any(self.is_device(a) for a in inputs)
-        if on_device and (func in SYNC_FUNCTIONS or _boolean_index(func, args)):
+        to_host = func is torch.Tensor.to and _target(args, kwargs) == "cpu"  # a copy to the host
+        if on_device and (func in SYNC_FUNCTIONS or _boolean_index(func, args) or to_host):
             self.counts.syncs[self.site(func)] += 1
         out = func(*args, **kwargs)
         made_here = kwargs.get("device") is not None or (func in (torch.Tensor.to,) and _to_a_device(args, kwargs))
+        if made_here and not on_device and out is args[0]:
+            out = out.clone()  # a host tensor moved to the model's device (a no-op here): the copy is the device's
         if on_device or made_here:
             produced = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
             for o in produced:
@@ -164,10 +170,19 @@ def _boolean_index(func, args) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
 
 
+def _target(args, kwargs):
+    """Where `t.to(...)` sends t: its device (or dtype, or other tensor) argument."""
+    return kwargs.get("device", args[1] if len(args) > 1 else None)
+
+
 def _to_a_device(args, kwargs) -> bool:
-    """`t.to(device)` / `t.to(other)` moves a host tensor to the device (not a dtype-only cast)."""
-    target = kwargs.get("device", args[1] if len(args) > 1 else None)
-    return isinstance(target, (torch.device, str)) and str(target) != "cpu" or isinstance(target, torch.Tensor)
+    """`t.to(device)` / `t.to(other)` moves a host tensor to the device (not a dtype-only cast). A `torch.device`
+    is the model's device, wherever the model runs (decoders write `.to(adapter.device)`); the string "cpu"
+    is the host."""
+    target = _target(args, kwargs)
+    if isinstance(target, str):
+        return target != "cpu"
+    return isinstance(target, (torch.device, torch.Tensor))
 
 
 def device_tensors(adapter: ModelAdapter, networks: dict[str, torch.nn.Module]) -> list[torch.Tensor]:
@@ -220,6 +235,11 @@ PURPOSES = {
     "ar.py generate": "AR's loop reads the rows' finished state or tokens on the host",
     "pjd.py verify_and_commit": "reads each row group's accepted count on the host",
     "pjd.py next_drafts": "picks the next drafts with boolean masks",
+    "pjd.py <listcomp>": "the plan asks, position by position, which committed tokens lack their K/V (the row "
+    "state lives on the device)",
+    "pjd.py plan": "the plan asks whether each image row's anchor is committed",
+    "pjd.py complete": "asks whether every position of a row is committed, each iteration",
+    "pjd.py _initial_state": "counts the grammar-forced tokens, once a decode",
 }
 
 

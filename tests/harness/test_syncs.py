@@ -29,6 +29,21 @@ def test_reads_of_device_tensors_are_syncs_and_reads_of_host_tensors_are_not():
     assert counter.counts.ops_outside_forward > 0 and not hasattr(weight, "_would_be_on_device")
 
 
+def test_a_host_tensor_moved_to_the_models_device_is_a_device_tensor_and_the_host_one_stays_host():
+    """`.to(adapter.device)` is a no-op when the model runs here, yet on a GPU its result lives there: reading it
+    is a sync. The host tensor it came from (a layout's, say) stays a host tensor; `.to("cpu")` is the host."""
+    host = torch.tensor([1, -1, 2])
+    counter = SyncCounter([])
+    with counter:
+        moved = host.to(torch.device("cpu"))
+        bool(moved[0] >= 0)  # a sync: moved lives on the model's device
+        bool(host[0] >= 0)  # not one
+        moved.to("cpu")  # a copy to the host: a sync
+        n = len(host.tolist())
+    assert sum(counter.counts.syncs.values()) == 2 and n == 3
+    assert not hasattr(host, "_would_be_on_device") and torch.equal(moved, host) and moved is not host
+
+
 def test_sjd_on_the_toy_syncs_once_an_iteration_and_never_in_the_pipeline(toy):
     sampling_cfg = SamplingConfig(cfg_scale=3.0)
     gens = make_generators(0, [p.prompt_id for p in PROMPTS], toy.device)
@@ -70,12 +85,13 @@ def test_sjd_pac_syncs_twice_an_iteration_the_branch_plan_and_the_accepted_lengt
         assert "not yet explained" not in sync_purposes(row["decoder_sync_sites"])
 
 
-def test_the_drafter_decoders_sync_once_an_iteration(toy):
-    """EAGLE-2's tree, LANTERN's relaxed walk and SJD with drafter drafts: the committed counts (with the forwards'
-    NaN/inf flags and whether the tree walk finished) in one copy an iteration, nothing else; on the static cache."""
+def test_the_drafter_and_coupled_decoders_sync_once_an_iteration(toy):
+    """EAGLE-2's tree, LANTERN's relaxed walk, SJD with drafter drafts and coupled SJD (whose fresh drafts read the
+    grammar on the host): the committed counts (with the forwards' NaN/inf flags and whether the tree walk
+    finished) in one copy an iteration, nothing else; on the static cache."""
     from decoder_on_model import fitted, resolved_decoder
 
-    for name in ("eagle", "lantern", "sjd_drafter"):
+    for name in ("eagle", "lantern", "sjd_drafter", "csjd", "csjd_drafter"):
         decoder = fitted(resolved_decoder(name, "toy"), toy)
         gens = make_generators(0, [p.prompt_id for p in PROMPTS], toy.device)
         toy.use_cache("static")
