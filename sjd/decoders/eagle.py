@@ -198,7 +198,7 @@ class EagleDecoder(Decoder):
         walk: TreeWalk,
         features: torch.Tensor,
         active: torch.Tensor,
-        read: Callable[[torch.Tensor], list[int]] = torch.Tensor.tolist,
+        read: Callable[[torch.Tensor], list[int]],
     ) -> list[int]:
         """Write the accepted path and the next token; keep the path in the target's cache; let the drafter
         catch up. Returns how many tokens each row committed, read to the host by `read` (the clock's, which

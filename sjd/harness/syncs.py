@@ -229,7 +229,6 @@ PURPOSES = {
     "base.py finish": "copies the finished tokens to the host, once a decode",
     "eagle.py generate": "copies the drafter's forwards per row to the host, once a decode",
     "window_state.py finish": "copies the drafter's forwards per row to the host, once a decode",
-    "window_state.py commit": "reads the accepted lengths",
     "sjd_pac.py sibling_room": "the branch plan: how many siblings each row's first carried drafts can have, all "
     "rows in one copy (the tree window's shape depends on it)",
     "ar.py generate": "AR's loop reads the rows' finished state or tokens on the host",
