@@ -12,8 +12,9 @@ Training (sjd.drafters.recipe says what the record holds):
    (data.seed, "drafter-train-k"), and one teacher-forced pass each for the features (sjd.drafters.data),
    cached under `data.cache` by a hash of everything that makes them, a part at a time;
 3. EAGLE's training (sjd.drafters.training), with a resumable state in `out` every `checkpoint_every` steps;
-4. the probe: the recipe's first `probe.steps` steps on its first `probe.images` images, sampled afresh, and
-   the fingerprint of the weights they give (sjd.standin.training.tensors_fingerprint);
+4. the probe: the recipe's first `probe.steps` steps on its first `probe.images` images, sampled afresh and
+   kept (probe_samples.safetensors, so another CPU checks from the same draws), and the fingerprint of the
+   weights they give (sjd.standin.training.tensors_fingerprint);
 5. `out`: config.json and model.safetensors in the released layout, drafter.json with the record.
 
 On a GPU the same command trains a real model's drafter (device=auto), given `data.captions=<prompt file>`.
@@ -31,7 +32,7 @@ from sjd.harness.drafter_training import build, main_check
 
 
 def main() -> None:
-    if any(arg.startswith(("--check", "--measure")) for arg in sys.argv[1:]):
+    if any(arg.startswith(("--check", "--measure", "--record")) for arg in sys.argv[1:]):
         sys.exit(main_check(sys.argv[1:], __doc__))
     import hydra
     from hydra.core.hydra_config import HydraConfig

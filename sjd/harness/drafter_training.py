@@ -9,6 +9,7 @@ target's own samples (sjd.decoders.ar), the caption spaces (sjd.toy, sjd.standin
 from __future__ import annotations
 
 import argparse
+import hashlib
 import tempfile
 import time
 from pathlib import Path
@@ -206,17 +207,49 @@ def primed_head(adapter, prompts, args: dict):
 
 
 # -- the probe -------------------------------------------------------------------------------------------------
-def probe_fingerprint(adapter, args: dict, prompts) -> dict:
+# The probe's samples are kept beside the drafter: a sampled token is a discontinuous function of the logits, so on
+# another CPU (instruction set, thread count) one draw in a few thousand falls on the other side of a cut and the
+# rest of that image changes with it. Teacher forcing and the first training steps from fixed samples are
+# continuous: their rounding stays orders of magnitude under the fingerprint's tolerance.
+PROBE_SAMPLES_FILE = "probe_samples.safetensors"
+
+
+def probe_samples(adapter, args: dict, prompts) -> torch.Tensor:
+    """The target's AR samples of the recipe's first probe.images captions (images x layout tokens)."""
+    return ar_sampler(adapter, args)(prompts[: args["probe"]["images"]])
+
+
+def samples_sha(samples: torch.Tensor) -> str:
+    return hashlib.sha256(samples.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()
+
+
+def probe_fingerprint(adapter, args: dict, prompts, samples: torch.Tensor) -> dict:
     """The fingerprint of the weights after the recipe's first probe.steps steps on its first probe.images
-    images, sampled and teacher-forced afresh in one part (as --check-recipe does)."""
+    images, teacher-forced afresh from `samples` in one part (as --check-recipe does)."""
     from sjd.standin.training import tensors_fingerprint
 
     k = args["probe"]["images"]
-    data = make_data(adapter, prompts[:k], ar_sampler(adapter, args), sampling_of(args).uses_uncond, None, k)
+    if samples.shape[0] != k:
+        raise ValueError(f"the probe takes {k} images; {samples.shape[0]} samples were given")
+    data = make_data(adapter, prompts[:k], lambda chunk: samples, sampling_of(args).uses_uncond, None, k)
     settings = TrainSettings(**args["train"])
     net = init_drafter(adapter, settings.seed)
     train(net, primed_head(adapter, prompts, args), data, settings, max_steps=args["probe"]["steps"])
     return tensors_fingerprint({k: v for k, v in net.state_dict().items() if k != "embed_tokens.weight"})
+
+
+def save_probe_samples(directory: Path, samples: torch.Tensor) -> None:
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({"samples": samples.to(torch.int64).contiguous().cpu()}, str(directory / PROBE_SAMPLES_FILE))
+
+
+def load_probe_samples(directory: Path) -> torch.Tensor | None:
+    from safetensors.torch import load_file
+
+    path = directory / PROBE_SAMPLES_FILE
+    return load_file(str(path))["samples"] if path.is_file() else None
 
 
 # -- how much it accepts --------------------------------------------------------------------------------------
@@ -303,11 +336,14 @@ def build(cfg: DictConfig, overrides: list[str]) -> dict:
     head = primed_head(adapter, prompts, args)
     history = train_with_progress(net, head, data, settings, out / STATE_FILE, int(cfg.checkpoint_every), meta,
                                   bool(cfg.progress))  # fmt: skip
-    fingerprint = probe_fingerprint(adapter, args, prompts)
+    samples = probe_samples(adapter, args, prompts)
+    fingerprint = probe_fingerprint(adapter, args, prompts, samples)
     measured = measure(net, adapter, args, prompts, int(cfg.measure_images))
     data_info = {"images": len(data), "rows": sum(len(r) for r in data.images), "seconds": round(data_seconds),
                  "cached_parts_reused": reused, **captions}  # fmt: skip
     record = training_record(args, sha, overrides, target, data_sha, data_info, history, fingerprint, measured, device)
+    record["probe"]["samples_sha"] = samples_sha(samples)
+    save_probe_samples(out, samples)
     write_drafter(net, adapter, out, record)
     print(f"wrote {out}: weights {record['weights_sha'][:16]}, final loss {history[-1]['loss']:.4f}, "
           f"top-1 agreement {history[-1]['top1']:.3f}, {history[-1]['seconds']:.0f} s training")  # fmt: skip
@@ -421,36 +457,73 @@ def check_target(adapter, record: dict) -> Finding:
     return Finding(ours == theirs, "target", f"today's target {ours} is {same}")
 
 
-def check_probe(adapter, record: dict) -> Finding:
+def check_probe(adapter, record: dict, directory: Path) -> Finding:
     from sjd.standin.training import FINGERPRINT_TOLERANCE, fingerprint_gaps
 
     args = record["recipe"]
+    samples = load_probe_samples(directory)
+    if samples is None:
+        return Finding(False, "probe", f"{directory} has no {PROBE_SAMPLES_FILE} (a drafter trained before the probe "
+                       "kept its samples): `--record-probe-samples DIR` samples them once and keeps them if they give "
+                       "the recorded fingerprint")  # fmt: skip
+    if samples_sha(samples) != record["probe"].get("samples_sha"):
+        return Finding(False, "probe", f"{PROBE_SAMPLES_FILE} hashes to {samples_sha(samples)[:16]}, the record's "
+                       f"probe.samples_sha is {str(record['probe'].get('samples_sha'))[:16]}")  # fmt: skip
     prompts, _ = training_captions(args, adapter)
-    gaps = fingerprint_gaps(probe_fingerprint(adapter, args, prompts), record["probe"]["fingerprint"])
+    gaps = fingerprint_gaps(probe_fingerprint(adapter, args, prompts, samples), record["probe"]["fingerprint"])
     worst = max(gaps, key=gaps.get)
     return Finding(gaps[worst] <= FINGERPRINT_TOLERANCE, "probe",
                    f"today's code, run from the recorded arguments for the recipe's first {args['probe']['steps']} "
-                   f"training steps on its first {args['probe']['images']} images (sampled and teacher-forced again, "
-                   f"on this CPU), gives weights whose fingerprint differs from the recorded one by at most "
-                   f"{gaps[worst]:.2g} of a tensor's rms (in {worst}); a CPU's rounding stays under "
-                   f"{FINGERPRINT_TOLERANCE:g}, a change of the data, initialisation, loss or optimiser step moves it "
-                   "further")  # fmt: skip
+                   f"training steps on its first {args['probe']['images']} images (the recorded samples, "
+                   f"teacher-forced again on this CPU), gives weights whose fingerprint differs from the recorded one "
+                   f"by at most {gaps[worst]:.2g} of a tensor's rms (in {worst}); a CPU's rounding stays under "
+                   f"{FINGERPRINT_TOLERANCE:g}, a change of the captions, features, initialisation, loss or optimiser "
+                   "step moves it further")  # fmt: skip
 
 
-def check_recipe(directory: Path) -> tuple[list[Finding], list[str]]:
-    """What `--check-recipe` checks, each as one statement that held or not, and what it does not check."""
+def record_probe_samples(directory: Path) -> int:
+    """Sample the probe's images of a drafter trained before the probe kept its samples, and keep them (with
+    their hash in the record) only if they give the recorded fingerprint: samples drawn on another CPU than the
+    training one can differ, and then nothing is written."""
+    from sjd.standin.training import FINGERPRINT_TOLERANCE, fingerprint_gaps
+
+    record = read_record(directory)
+    if record is None or "recipe" not in record:
+        print(f"{directory}: no drafter.json with a recipe")
+        return 1
+    args = record["recipe"]
+    torch.set_num_threads(args["threads"])
+    adapter = load_target(args, "cpu")
+    prompts, _ = training_captions(args, adapter)
+    samples = probe_samples(adapter, args, prompts)
+    gaps = fingerprint_gaps(probe_fingerprint(adapter, args, prompts, samples), record["probe"]["fingerprint"])
+    worst = max(gaps.values())
+    if worst > FINGERPRINT_TOLERANCE:
+        print(f"{directory}: these samples give a fingerprint {worst:.2g} of a tensor's rms from the recorded one "
+              f"(tolerance {FINGERPRINT_TOLERANCE:g}): not the training's samples; nothing written")  # fmt: skip
+        return 1
+    save_probe_samples(directory, samples)
+    record["probe"]["samples_sha"] = samples_sha(samples)
+    write_record(directory, record)
+    print(f"{directory}: kept {PROBE_SAMPLES_FILE} ({samples_sha(samples)[:16]}; fingerprint within {worst:.2g})")
+    return 0
+
+
+def check_recipe(directory: Path, threads: int | None = None) -> tuple[list[Finding], list[str]]:
+    """What `--check-recipe` checks, each as one statement that held or not, and what it does not check; on
+    `threads` CPU threads (default: the recipe's)."""
     record = read_record(directory)
     if record is None or "recipe_sha" not in record:
         missing = Finding(False, "record", f"{directory} has no drafter.json with a recipe_sha: not this recipe's")
         return [missing], list(NOT_CHECKED)
     findings = [check_weights(directory, record), check_argument_hash(record), check_command(record)]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(record["recipe"]["threads"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or record["recipe"]["threads"])
     try:
         adapter = load_target(record["recipe"], "cpu")
-        findings += [check_target(adapter, record), check_probe(adapter, record)]
+        findings += [check_target(adapter, record), check_probe(adapter, record, directory)]
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
     return findings, list(NOT_CHECKED)
 
 
@@ -528,11 +601,16 @@ def main_check(argv: list[str], description: str = "") -> int:
     group.add_argument("--check-recipe", metavar="DIR", help="check a drafter against its record (seconds)")
     group.add_argument("--check-retrain", metavar="DIR", help="retrain a drafter and compare bit for bit (minutes)")
     group.add_argument("--measure", metavar="DIR", help="measure a drafter's acceptance again, into its record")
+    group.add_argument("--record-probe-samples", metavar="DIR",
+                       help="keep the probe's samples of a drafter trained before they were kept (seconds)")
     ap.add_argument("--images", type=int, default=4, help="--measure: held-out images")
+    ap.add_argument("--threads", type=int, help="--check-recipe: CPU threads (default: the recipe's)")
     a = ap.parse_args(argv)
-    directory = resolve(a.check_recipe or a.check_retrain or a.measure)
+    directory = resolve(a.check_recipe or a.check_retrain or a.measure or a.record_probe_samples)
+    if a.record_probe_samples:
+        return record_probe_samples(directory)
     if a.measure:
         return remeasure(directory, a.images)
     if a.check_recipe:
-        return report(directory, *check_recipe(directory))
+        return report(directory, *check_recipe(directory, a.threads))
     return report(directory, check_retrain(directory), [])

@@ -226,6 +226,15 @@ def test_a_tiny_recipe_run_trains_saves_loads_and_decodes(script, micro, tmp_pat
     assert "train.lr recorded 0.0015, today 0.001" in failed["command"]
     assert "differs from the recorded one by at most" in failed["probe"]
 
+    samples = load_file(out / script.PROBE_SAMPLES_FILE)["samples"]
+    samples[0, -1] += 1  # a draw other than the recorded one: its hash no longer matches
+    save_file({"samples": samples}, str(out / script.PROBE_SAMPLES_FILE))
+    failed = {f.what: f.statement for f in script.check_recipe(out)[0] if not f.ok}
+    assert "the record's probe.samples_sha is" in failed["probe"]
+    (out / script.PROBE_SAMPLES_FILE).unlink()
+    failed = {f.what: f.statement for f in script.check_recipe(out)[0] if not f.ok}
+    assert "--record-probe-samples" in failed["probe"]
+
 
 @pytest.mark.parametrize("name", SHIPPED)
 @pytest.mark.slow  # a retrain, a rebuild or a large fixture: make test runs it, the edit loops do not
@@ -238,11 +247,16 @@ def test_every_shipped_drafter_passes_its_recipe_check(script, name):
 
 
 @pytest.mark.slow  # a retrain, a rebuild or a large fixture: make test runs it, the edit loops do not
-def test_the_recipe_check_survives_another_cpu_kernel_set():
-    """As a user runs it, under PyTorch's baseline kernels (ATEN_CPU_CAPABILITY=default), which round differently
-    from the vector kernels the record was made with, as another machine's CPU does; it prints each statement."""
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
-    cmd = [sys.executable, str(ROOT / "scripts" / "train_drafter.py"), "--check-recipe", "sjd/assets/drafter_toy"]
+@pytest.mark.parametrize("name", ["drafter_toy", "drafter_standin_lumina_768_cal"])
+def test_the_recipe_check_survives_another_cpu_kernel_set_and_thread_count(name):
+    """As a user runs it, on one thread under PyTorch's and MKL's baseline kernels (ATEN_CPU_CAPABILITY=default,
+    MKL_ENABLE_INSTRUCTIONS=SSE4_2), which round differently from the vector kernels and the two threads the
+    record was made with, as another machine's CPU does; it prints each statement. The 768 px stand-in's long
+    images are where a resampled probe parted from the record (one draw in a few thousand crosses a cut): the
+    probe's kept samples are what makes it pass."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
+    cmd = [sys.executable, str(ROOT / "scripts" / "train_drafter.py"), "--check-recipe", f"sjd/assets/{name}",
+           "--threads", "1"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for what in ("weights", "arguments", "command", "target", "probe"):
