@@ -5,9 +5,10 @@
 Before runs timed each batch on its own, a batched run (batch_size > 1) recorded one latency for the whole run
 and bootstrapped its prompts over it: its latency_speedup and efficiency intervals are not over timed batches
 (zero width where the run was one batch, which reads as certainty and is none; elsewhere a spread of step
-counts, not of timings), and the pages already show none of them. Such rows (no `latency_units`, batch_size > 1, not the reference decoder) get both
-intervals blanked and `latency_interval` saying why; the point values stay. Rows with `latency_units` are left as
-they are, and a file with nothing to withdraw is not rewritten. tests/project/test_results_csvs.py holds every
+counts, not of timings), and the pages already show none of them. Such rows (no `latency_units`,
+batch_size > 1, not the reference decoder) get both intervals blanked and `latency_interval` saying why;
+the point values stay. Rows with `latency_units` are left as they are, and a file with nothing to withdraw is
+not rewritten. tests/project/test_results_csvs.py holds every
 committed CSV to it.
 """
 

@@ -38,8 +38,8 @@ from studies.regime_page import PUBLISHED, regime_section
 from studies.tables import INTERVAL_LEGEND, describe_run, key_table, latest_run, markdown
 
 GENERATOR = "python scripts/results_pages.py"
-# Pages of the benchmark tools (scripts/bench_engine.py, scripts/real_size.py, scripts/gpu_smoke.sh): each renders from its CSV in
-# results/ when it is there, and its index line says what it shows.
+# Pages of the benchmark tools (scripts/bench_engine.py, scripts/real_size.py, scripts/gpu_smoke.sh): each
+# renders from its CSV in results/ when it is there, and its index line says what it shows.
 TOOL_PAGES = (
     (render_engine_page, "the engine: eager against compiled, dynamic against static cache"),
     (render_real_size_page, REAL_SIZE_TITLE),

@@ -601,8 +601,11 @@ def main_check(argv: list[str], description: str = "") -> int:
     group.add_argument("--check-recipe", metavar="DIR", help="check a drafter against its record (seconds)")
     group.add_argument("--check-retrain", metavar="DIR", help="retrain a drafter and compare bit for bit (minutes)")
     group.add_argument("--measure", metavar="DIR", help="measure a drafter's acceptance again, into its record")
-    group.add_argument("--record-probe-samples", metavar="DIR",
-                       help="keep the probe's samples of a drafter trained before they were kept (seconds)")
+    group.add_argument(
+        "--record-probe-samples",
+        metavar="DIR",
+        help="keep the probe's samples of a drafter trained before they were kept (seconds)",
+    )
     ap.add_argument("--images", type=int, default=4, help="--measure: held-out images")
     ap.add_argument("--threads", type=int, help="--check-recipe: CPU threads (default: the recipe's)")
     a = ap.parse_args(argv)

@@ -42,7 +42,8 @@ def test_the_tool_withdraws_exactly_the_batched_rows_timed_as_one(tmp_path):
         "decoder": ["ar", "sjd", "sjd", "sjd"], "baseline": "ar", "batch_size": [8, 8, 1, 8],
         "latency_units": [None, None, None, 4.0], "latency_speedup": [1.0, 1.2, 1.3, 1.4],
         "latency_speedup_lo": [1.0, 1.2, 1.1, 1.2], "latency_speedup_hi": [1.0, 1.2, 1.5, 1.6],
-        "efficiency": [1.0, 0.9, 0.8, 0.7], "efficiency_lo": [1.0, 0.9, 0.7, 0.6], "efficiency_hi": [1.0, 0.9, 0.9, 0.8],
+        "efficiency": [1.0, 0.9, 0.8, 0.7], "efficiency_lo": [1.0, 0.9, 0.7, 0.6],
+        "efficiency_hi": [1.0, 0.9, 0.9, 0.8],
     })  # fmt: skip
     path = tmp_path / "study.csv"
     rows.to_csv(path, index=False)
