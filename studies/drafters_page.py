@@ -213,9 +213,9 @@ def drafters_section(
         f"cost per forward` is the drafter's time per forward over the target's model time per forward, in "
         f"this run, on this machine: on a tiny stand-in the target's LM head dominates both, so the ratio is "
         f"far higher than on a 7B model. A candidate counts when its one-sample audit passes and AR's control "
-        f"passes; {regime.AUDITED_TEXT} `powered audit p` is the latest audit with power of the same decoder and "
-        f"settings on the same model (page [{POWERED_PAGE}]({POWERED_PAGE}.md)); where there is one its verdict "
-        "decides `audited_lossless`.",
+        f"passes; {regime.AUDITED_TEXT} `powered audit p` is the latest audit with power of a decoder with the "
+        f"same settings, whatever its name, and the same weights (page [{POWERED_PAGE}]({POWERED_PAGE}.md)); "
+        "where there is one its verdict decides `audited_lossless`.",
         "",
     ]
     for rows in runs:

@@ -14,8 +14,9 @@ the same prompts and seeds. Per run:
   interval lies above it, missed when it lies below, and not distinguishable at this size otherwise; a decoder
   audited without power is named as such (studies.regime.audited_lossless_flag);
 - where the powered audit page (results/studies/audit_powered.csv, experiment=audit_powered and its siblings)
-  holds the latest audit of the same decoder (name and settings) on the same model and sampling, that audit's
-  verdict decides the candidate's `audited_lossless`: the goal run's own audit is far too small for power;
+  holds the latest audit of a decoder with the same settings (whatever its name) on the same weights and
+  sampling, that audit's verdict decides the candidate's `audited_lossless`: the goal run's own audit is far too
+  small for power;
 - the window-16 target read the other way too, as official SJD's window and not the candidate's: the best
   passing candidate at any window against official SJD at window 16, where it is not the window-16 one;
 - candidates at windows wider than 64 say whether the window is what limits the family: where a far wider
@@ -73,14 +74,13 @@ def candidate_rows(rows: pd.DataFrame, goal: Goal, powered: pd.DataFrame | None 
     keep = rows[[d not in excluded and bool(lossless.get(d)) for d in rows["decoder"]]].copy()
     keep["window"] = [forward_width(configs[d]) for d in keep["decoder"]]
     keep["lossless"] = True
-    keep["audited_lossless"] = [regime.audited_lossless_flag(r) for r in keep.to_dict("records")]
     run = rows.iloc[0].to_dict()  # one model, one set of weights and one sampling a run
-    audits = [regime.powered_audit(powered, run, r["decoder"], configs[r["decoder"]]) for r in keep.to_dict("records")]
+    verdicts = [regime.audit_verdict(r, configs[r["decoder"]], powered, run) for r in keep.to_dict("records")]
+    keep["audited_lossless"] = [flag for flag, _ in verdicts]
+    audits = [audit for _, audit in verdicts]
     keep["powered_p"] = [a["tf_p"] if a else np.nan for a in audits]
     keep["powered_tokens"] = [a["tf_n_tokens"] if a else np.nan for a in audits]
     keep["powered_experiment"] = [a["experiment"] if a else None for a in audits]
-    flags = [regime.audited_lossless_flag(a | {"lossless": True}) if a else None for a in audits]
-    keep["audited_lossless"] = [f if f is not None else own for f, own in zip(flags, keep["audited_lossless"])]
     return keep
 
 
@@ -259,11 +259,11 @@ def goal_section(
         f"(target {goal.targets[64]}x at window 64). Every decoder ran on the same prompts and seeds, so each interval "
         "is a paired bootstrap over prompts. A candidate counts when its one-sample audit passes (p > "
         f"{regime.TF_ALPHA:g}) and AR's control passes; {regime.AUDITED_TEXT} The goal run's own audit is "
-        f"far below power; `powered audit p` is the latest audit with power of the same decoder and settings on "
-        f"the same model (page [{POWERED_PAGE}]({POWERED_PAGE}.md)), and where there is one its verdict decides "
-        "`audited_lossless`. `one-code commits` is the share of the candidate's forwards that committed a single "
-        "code: mostly forwards whose first draft was rejected with no sibling to catch the residual (the "
-        "one-code steps a schedule takes by design count too).",
+        f"far below power; `powered audit p` is the latest audit with power of a decoder with the same settings "
+        f"(whatever its name) on the same model (page [{POWERED_PAGE}]({POWERED_PAGE}.md)), and where there is "
+        "one its verdict decides `audited_lossless`. `one-code commits` is the share of the candidate's forwards "
+        "that committed a single code: mostly forwards whose first draft was rejected with no sibling to catch the "
+        "residual (the one-code steps a schedule takes by design count too).",
         "",
     ]
     theirs = published_anchors(published)

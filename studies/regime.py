@@ -71,13 +71,15 @@ def _record(value) -> dict:
     return json.loads(value) if isinstance(value, str) and value.startswith("{") else {}
 
 
-def same_weights(a: Mapping, b: Mapping, decoder: str) -> bool:
-    """Whether two results rows decoded `decoder` with the same weights, by the strongest identity both carry:
-    the hash of the networks each run loaded (`weights_sha`: the model's, and the decoder's drafter's); for rows
-    from before runs hashed them, a stand-in's recorded weights hash (`model_training`); else the model's name."""
+def same_weights(a: Mapping, b: Mapping, decoder_a: str, decoder_b: str | None = None) -> bool:
+    """Whether two results rows decoded with the same weights (`decoder_a` in row a, `decoder_b` in row b, the
+    same name by default), by the strongest identity both carry: the hash of the networks each run loaded
+    (`weights_sha`: the model's, and the decoder's drafter's); for rows from before runs hashed them, a
+    stand-in's recorded weights hash (`model_training`); else the model's name."""
+    decoder_b = decoder_b or decoder_a
     loaded_a, loaded_b = _record(a.get("weights_sha")), _record(b.get("weights_sha"))
     if loaded_a and loaded_b:
-        return (loaded_a.get("model"), loaded_a.get(decoder)) == (loaded_b.get("model"), loaded_b.get(decoder))
+        return (loaded_a.get("model"), loaded_a.get(decoder_a)) == (loaded_b.get("model"), loaded_b.get(decoder_b))
     if a.get("model") != b.get("model"):
         return False
     recorded_a = _record(a.get("model_training")).get("weights_sha")
@@ -85,24 +87,54 @@ def same_weights(a: Mapping, b: Mapping, decoder: str) -> bool:
     return recorded_a == recorded_b
 
 
-def powered_audit(powered: pd.DataFrame | None, run: Mapping, decoder: str, config: dict) -> dict | None:
-    """The latest audit with power (results/studies/audit_powered.csv) of `decoder` with exactly these settings,
-    the same weights (same_weights) and the same sampling as the run row `run`, or None. The regime, goal and
-    drafters pages all read a decoder's audit through it."""
+# Config keys that name a decoder without changing what it samples.
+NAMING_KEYS = ("name",)
+
+
+def sample_settings(config: Mapping) -> dict:
+    """What decides a decoder's samples, as its config records it: every setting but its name, and a drafter by
+    its weights' hash (its record also holds a re-measurable acceptance and notes that change no sample)."""
+    settings = {k: v for k, v in config.items() if k not in NAMING_KEYS}
+    drafter = settings.get("drafter")
+    if isinstance(drafter, Mapping):
+        weights_sha = (drafter.get("record") or {}).get("weights_sha")
+        settings["drafter"] = {"weights_sha": weights_sha} if weights_sha else {
+            k: v for k, v in drafter.items() if k != "record"}  # fmt: skip
+    return settings
+
+
+def powered_audit(powered: pd.DataFrame | None, run: Mapping, decoder: str, config: Mapping) -> dict | None:
+    """The latest audit with power (results/studies/audit_powered.csv) of a decoder with the settings of
+    `config` (sample_settings: whatever name either run gave it), the same weights (same_weights) and the same
+    sampling as `decoder` in the run row `run`, or None."""
     if powered is None or powered.empty:
         return None
-    same = powered[powered["decoder"] == decoder]
-    sampling = run.get("sampling")
-    if "sampling" in same and isinstance(sampling, str):
-        same = same[same["sampling"] == sampling]
-    same = same[[json.loads(c).get(decoder) == config for c in same["decoder_configs"]]]
-    same = same[[same_weights(r, run, decoder) for r in same.to_dict("records")]]
-    return same.iloc[-1].to_dict() if len(same) else None
+    wanted, sampling = sample_settings(config), run.get("sampling")
+    matches = []
+    for row in powered.to_dict("records"):
+        if isinstance(sampling, str) and isinstance(row.get("sampling"), str) and row["sampling"] != sampling:
+            continue
+        theirs = json.loads(row["decoder_configs"]).get(row["decoder"])
+        if theirs is not None and sample_settings(theirs) == wanted and same_weights(row, run, row["decoder"], decoder):
+            matches.append(row)
+    return matches[-1] if matches else None
+
+
+def audit_verdict(own: Mapping, config: Mapping, powered: pd.DataFrame | None, run: Mapping) -> tuple:
+    """A decoder's `audited_lossless` and the powered audit behind it: its own run's one-sample audit
+    (audited_lossless_flag of `own`, its results row), unless a lossless decoder has a matching audit with
+    power (powered_audit) whose flag is not unknown, which then decides. The regime, goal and drafters pages all
+    decide through it."""
+    flag = audited_lossless_flag(own)
+    if not own["lossless"]:
+        return flag, None
+    audit = powered_audit(powered, run, own["decoder"], config)
+    powered_flag = audited_lossless_flag(audit | {"lossless": True}) if audit else None
+    return (flag if powered_flag is None else powered_flag), audit
 
 
 def run_table(rows: pd.DataFrame, powered: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The regime rows of one run (one model, one window). A lossless decoder's `audited_lossless` is its powered
-    audit's verdict where one matches (powered_audit), else its own run's one-sample audit's."""
+    """The regime rows of one run (one model, one window), each decoder's `audited_lossless` by audit_verdict."""
     configs = json.loads(rows["decoder_configs"].iloc[0])
     baseline = rows["baseline"].iloc[0]
     by_name = rows.set_index("decoder")
@@ -133,14 +165,9 @@ def run_table(rows: pd.DataFrame, powered: pd.DataFrame | None = None) -> pd.Dat
         table[column] = rows[column].values if column in rows else np.nan
     for column in TF_SHOWN:
         table[column] = rows[column].values if column in rows else np.nan
-    table["audited_lossless"] = [audited_lossless_flag(r) for r in table.to_dict("records")]
     run = rows.iloc[0].to_dict()  # one model, one set of weights and one sampling a run
-    for i, r in table.iterrows():
-        config = configs.get(r["decoder"])
-        audit = powered_audit(powered, run, r["decoder"], config) if r["lossless"] else None
-        flag = audited_lossless_flag(audit | {"lossless": True}) if audit else None
-        if flag is not None:
-            table.at[i, "audited_lossless"] = flag
+    table["audited_lossless"] = [audit_verdict(r, configs.get(r["decoder"], {}), powered, run)[0]
+                                 for r in table.to_dict("records")]  # fmt: skip
     return table[REGIME_COLUMNS + TF_SHOWN]
 
 

@@ -32,6 +32,12 @@ RUN = {
 }
 
 
+def settings(decoder: str, window: int) -> dict:
+    """A decoder config as runs record it: its name, its window, and a setting that tells the algorithms apart
+    (what a real config's other settings do)."""
+    return {"name": decoder, "window": window, "algorithm": decoder.removesuffix("_w64")}
+
+
 def run_rows(run_dir: str = "r1", spread: float = 0.05, control_p: float = 0.5) -> pd.DataFrame:
     decoders = list(RUN)
     sjd, pac = RUN["sjd_official"][1], RUN["sjd_pac_official_w64"][1]
@@ -50,7 +56,7 @@ def run_rows(run_dir: str = "r1", spread: float = 0.05, control_p: float = 0.5) 
     )
     for column in ("step_compression", "vs_sjd_official", "vs_sjd_pac_official_w64"):
         rows[f"{column}_lo"], rows[f"{column}_hi"] = rows[column] * (1 - spread), rows[column] * (1 + spread)
-    configs = {d: {"window": w} for d, (w, _, _) in RUN.items() if w is not None} | {"ar": {}}
+    configs = {d: settings(d, w) for d, (w, _, _) in RUN.items() if w is not None} | {"ar": {}}
     lossless = {d: d != "gsd" for d in decoders}
     return rows.assign(model="standin_lumina_512_cal", baseline="ar", entropy_nats=5.0, command=COMMAND,
                        run_dir=run_dir, n_captions=16, decoder_configs=json.dumps(configs),
@@ -61,9 +67,13 @@ def section(rows: pd.DataFrame, powered: pd.DataFrame | None = None) -> str:
     return "\n".join(goal_section(rows, [COMMAND], pd.read_csv(PUBLISHED), GOAL, powered))
 
 
-def powered_rows(decoder: str, p: float, window: int = 64, control_p: float = 0.5, tokens: int = 458_752):
-    """An audit_powered run: AR (the control) and `decoder` with `window`, on the goal run's model."""
-    configs = json.dumps({"ar": {}, decoder: {"window": window}})
+def powered_rows(decoder: str, p: float, window: int = 64, control_p: float = 0.5, tokens: int = 458_752,
+                 name: str | None = None):  # fmt: skip
+    """An audit_powered run: AR (the control) and `decoder`'s settings with `window`, on the goal run's model,
+    under the row name `name` (the decoder's own by default)."""
+    name = name or decoder
+    configs = json.dumps({"ar": {}, name: settings(decoder, window) | {"name": name}})
+    decoder = name
     return pd.DataFrame(
         {
             "decoder": ["ar", decoder],
@@ -189,7 +199,7 @@ def test_the_regime_and_goal_pages_agree_on_what_is_audited_with_power():
 
     rows = run_rows()
     rows.loc[len(rows)] = rows.loc[rows["decoder"] == "sjd_official"].iloc[0].to_dict() | {"decoder": "sjd_harness"}
-    configs = json.loads(rows["decoder_configs"].iloc[0]) | {"sjd_harness": {"window": 16}}
+    configs = json.loads(rows["decoder_configs"].iloc[0]) | {"sjd_harness": settings("sjd_harness", 16)}
     lossless = json.loads(rows["decoder_lossless"].iloc[0]) | {"sjd_harness": True}
     rows = rows.assign(decoder_configs=json.dumps(configs), decoder_lossless=json.dumps(lossless), n_prompts=16,
                        latency_speedup=1.0, efficiency=1.0)  # fmt: skip
@@ -202,6 +212,26 @@ def test_the_regime_and_goal_pages_agree_on_what_is_audited_with_power():
         assert all(on_map[d] == on_goal[d] or (on_map[d] is None and on_goal[d] is None) for d in on_goal.index)
 
 
+def test_a_powered_audit_is_matched_by_settings_whatever_either_run_named_the_decoder():
+    """An audit names its decoder as its overlay does (`csjd_pac` at window 64 there, `csjd_pac_w64` in the goal
+    run): the settings that decide the samples match, the name does not count; other settings do not match."""
+    from studies import regime
+
+    renamed = powered_rows("csjd_pac_w64", 0.42, name="csjd_pac")
+    text = section(run_rows(), renamed)
+    assert "| 0.7 | 0.42 (458752) | True |" in text
+    other = powered_rows("csjd_pac_w64", 0.42, name="csjd_pac")
+    configs = json.loads(other["decoder_configs"].iloc[0])
+    configs["csjd_pac"]["coupling"] = "gumbel"  # one setting that changes the samples
+    assert "| 0.7 | - | unknown |" in section(run_rows(), other.assign(decoder_configs=json.dumps(configs)))
+    drafter = {"weights": "sjd/assets/d", "record": {"weights_sha": "abc", "measured": {"top1": 0.1}}}
+    remeasured = {"weights": "sjd/assets/d", "record": {"weights_sha": "abc", "measured": {"top1": 0.2}}}
+    assert regime.sample_settings({"name": "a", "drafter": drafter}) == regime.sample_settings(
+        {"name": "b", "drafter": remeasured})  # fmt: skip
+    retrained = {"weights": "sjd/assets/d", "record": {"weights_sha": "abd"}}
+    assert regime.sample_settings({"drafter": drafter}) != regime.sample_settings({"drafter": retrained})
+
+
 def test_a_powered_audit_counts_only_for_the_same_weights():
     """Audits are matched to runs by the weights each decoded with: the hash of the networks a run loaded where
     both rows have it, else a stand-in's recorded weights hash, else the model's name (rows of released weights
@@ -210,7 +240,7 @@ def test_a_powered_audit_counts_only_for_the_same_weights():
 
     loaded = {"weights_sha": json.dumps({"model": "aaaa", "csjd_pac_w64": "dddd"})}
     run = run_rows().iloc[0].to_dict() | loaded
-    config = {"window": 64}
+    config = settings("csjd_pac_w64", 64)
 
     def audit_of(**columns) -> dict | None:
         return regime.powered_audit(powered_rows("csjd_pac_w64", 0.42).assign(**columns), run, "csjd_pac_w64", config)
