@@ -40,15 +40,19 @@ def compose_cfg():
 
 @pytest.fixture(scope="session")
 def run_audit():
-    """run_audit(overrides) -> the report of scripts/audit.py for conf/audit.yaml + overrides."""
+    """run_audit(overrides) -> the report of scripts/audit.py for conf/audit.yaml + overrides. AR's reference
+    draws are kept across the session's audits of one model (audit_report's `shared`): the same report, AR
+    drawn once instead of once a decoder."""
     from sjd.audit.driver import audit_report
+
+    shared: dict = {}
 
     def _run(overrides):
         GlobalHydra.instance().clear()
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
             cfg = compose("audit", overrides=list(overrides))
         GlobalHydra.instance().clear()
-        return audit_report(cfg)
+        return audit_report(cfg, shared)
 
     return _run
 

@@ -2,11 +2,16 @@
 
 Both draw n samples of one caption with the decoder and 2n with AR (each sample with its own
 generator, seeded from (seed, tag + index)); the decoder is tested against AR's first n, and AR's
-two halves against each other give the test's noise floor at the same size. Each decoder's samples
-also get the one-sample teacher-forced audit (sjd.audit.teacher_forced), seeded from the same seeds.
+two halves against each other give the test's noise floor at the same size. On an enumerable model
+the decoder and AR's first n are tested against the exact distribution instead, so AR draws only n.
+Each decoder's samples also get the one-sample teacher-forced audit (sjd.audit.teacher_forced), seeded
+from the same seeds. AR's draws and audit depend only on the model, caption, sizes and seed, so
+callers that audit many decoders may keep them across reports (`audit_report(cfg, shared)`).
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import torch
@@ -33,19 +38,29 @@ class AuditDraws:
     """AR's 2n reference samples of one caption, drawn once and shared by every decoder audited."""
 
     def __init__(
-        self, adapter: ModelAdapter, sampling: SamplingConfig, caption: str, n: int, batch: int, seed: int
+        self,
+        adapter: ModelAdapter,
+        sampling: SamplingConfig,
+        caption: str,
+        n: int,
+        batch: int,
+        seed: int,
+        reference_size: int | None = None,
+        reference: torch.Tensor | None = None,
     ) -> None:
         self.adapter, self.sampling, self.caption = adapter, sampling, caption
         self.n, self.batch, self.seed = n, batch, seed
-        self._reference: torch.Tensor | None = None
+        self.reference_size = reference_size or 2 * n
+        self._reference = reference  # AR's samples drawn earlier by the same settings, if the caller kept them
 
     @property
     def reference(self) -> torch.Tensor:
-        """AR's 2n samples (tag r), drawn on first use: the one-sample audit of a decoder needs none."""
+        """AR's reference_size samples (tag r; 2n by default), drawn on first use: the one-sample audit of a
+        decoder needs none."""
         if self._reference is None:
             ar = ARDecoder()
-            self._reference = draw_samples(ar, self.adapter, self.sampling, self.caption, 2 * self.n, self.batch,
-                                           self.seed, "r").cpu()  # fmt: skip
+            self._reference = draw_samples(ar, self.adapter, self.sampling, self.caption, self.reference_size,
+                                           self.batch, self.seed, "r").cpu()  # fmt: skip
         return self._reference
 
     def draw(self, decoder: Decoder) -> torch.Tensor:
@@ -73,8 +88,20 @@ class AuditDraws:
         return audit_images(self.adapter, prompts, samples, seeds, self.sampling, self.batch)
 
 
-def audit_report(cfg) -> dict:
-    """The report of `python scripts/audit.py` for its composed config (conf/audit.yaml + overrides)."""
+def reference_key(cfg) -> str:
+    """Everything AR's reference draws and their audit depend on: the model's config, the caption, the sizes,
+    the seed, the device and whether the one-sample audit runs."""
+    from omegaconf import OmegaConf
+
+    keys = ("prompt", "n_samples", "batch_size", "seed", "device", "teacher_forced")
+    return json.dumps({"model": OmegaConf.to_container(cfg.model, resolve=True), **{k: cfg.get(k) for k in keys}},
+                      sort_keys=True, default=str)  # fmt: skip
+
+
+def audit_report(cfg, shared: dict | None = None) -> dict:
+    """The report of `python scripts/audit.py` for its composed config (conf/audit.yaml + overrides). `shared`,
+    a dict kept across calls, keeps AR's reference draws and their one-sample audit by reference_key, so that
+    auditing many decoders on one model draws AR once: the same samples and p as drawing it each time."""
     import time
 
     from hydra.utils import instantiate
@@ -91,7 +118,11 @@ def audit_report(cfg) -> dict:
     adapter = instantiate(cfg.model.adapter, device=cfg.device)
     decoder.check(adapter)
     t0 = time.perf_counter()
-    draws = AuditDraws(adapter, sampling, cfg.prompt, cfg.n_samples, cfg.batch_size, cfg.seed)
+    key = reference_key(cfg)
+    kept = (shared or {}).get(key, {})
+    reference_size = cfg.n_samples if enumerable else 2 * cfg.n_samples  # the exact test needs no noise floor
+    draws = AuditDraws(adapter, sampling, cfg.prompt, cfg.n_samples, cfg.batch_size, cfg.seed, reference_size,
+                       kept.get("reference"))  # fmt: skip
     samples = draws.draw(decoder)
     report = {"decoder": decoder.name, "decoder_config": decoder.config(), "model": adapter.name,
               "n_samples": cfg.n_samples, "sampling": sampling.__dict__}  # fmt: skip
@@ -105,6 +136,10 @@ def audit_report(cfg) -> dict:
                   ar_tv_distance=round(ref.tv_distance, 6), ar_p_value=ref.p_value)  # fmt: skip
     if cfg.get("teacher_forced", True):
         report.update(draws.one_sample(samples))
-        report["ar_tf_p"] = draws.one_sample(draws.reference[: cfg.n_samples], "r")["tf_p"]
+        if "ar_tf_p" not in kept:
+            kept["ar_tf_p"] = draws.one_sample(draws.reference[: cfg.n_samples], "r")["tf_p"]
+        report["ar_tf_p"] = kept["ar_tf_p"]
+    if shared is not None:
+        shared[key] = kept | {"reference": draws.reference}
     report.update(lossless_expected=bool(decoder.lossless), seconds=round(time.perf_counter() - t0, 1))
     return report

@@ -80,6 +80,33 @@ def test_the_audit_catches_a_biased_decoder(run_audit, monkeypatch):
     assert report["p_value"] < 1e-6, report
 
 
+def audit_cfg(overrides: list[str]):
+    """conf/audit.yaml + overrides, as scripts/audit.py composes it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        cfg = compose("audit", overrides=overrides)
+    GlobalHydra.instance().clear()
+    return cfg
+
+
+def test_ar_kept_across_audits_gives_the_report_drawing_it_again_gives():
+    """audit_report's `shared` (what run_audit keeps across the session) changes no number: a decoder audited
+    with AR's reference kept from an earlier audit reports what it reports with AR drawn afresh."""
+    from sjd.audit.driver import audit_report
+
+    overrides = ["decoder=sjd", "n_samples=200", "batch_size=200"]
+    shared: dict = {}
+    first = audit_report(audit_cfg(overrides), shared)
+    kept = audit_report(audit_cfg(overrides), shared)
+    fresh = audit_report(audit_cfg(overrides))
+    assert len(shared) == 1 and len(next(iter(shared.values()))["reference"]) == 200  # enumerable: n, not 2n
+    for report in (first, kept):
+        assert {k: v for k, v in report.items() if k != "seconds"} == {k: v for k, v in fresh.items() if k != "seconds"}
+
+
 def test_exact_test_statistics():
     probs = np.array([0.5, 0.3, 0.2])
     assert exact_test(np.array([5000, 3000, 2000]), probs).p_value > 0.99
