@@ -131,6 +131,17 @@ def test_a_split_fault_is_invisible_to_z_and_caught_by_its_strata_at_the_split_s
 
 
 def test_a_sign_chosen_by_a_hidden_coin_is_invisible_at_the_split_size():
-    """The blind spot the docs name: no statistic of p, entropy or position predicts the sign."""
-    rates = _detection_rates("hidden_coin", tokens_for_split_power(_variance_per_token(), EXCESS), seed=3)
+    """The blind spot the docs name: no statistic of p, entropy or position predicts the sign. Two controls
+    show that nothing else makes it invisible: the coin's sampler departs from p by the full EXCESS at every
+    position, and the same departure with its signs placed by the entropy instead of the coin is caught by
+    the same audit, at the same size and seed."""
+    p = _distributions(np.random.default_rng(3), 8)
+    q = _faulty(p, _signs("hidden_coin", p, np.random.default_rng(4)))
+    excess = (q * -np.log(p)).sum(-1) - _entropy(p)
+    assert np.abs(excess).mean() == pytest.approx(EXCESS, rel=0.05)  # a real departure, of the stated size
+    assert abs(excess.mean()) < EXCESS / 5  # whose signs cancel in the mean
+    tokens = tokens_for_split_power(_variance_per_token(), EXCESS)
+    rates = _detection_rates("hidden_coin", tokens, seed=3)
     assert rates["combined"] <= 0.2, rates
+    visible = _detection_rates("split_by_entropy", tokens, seed=3)
+    assert visible["combined"] >= 2 / 3, visible  # the audit is not blind at this size

@@ -97,13 +97,18 @@ def test_every_decoder_draws_the_same_tokens_on_either_cache_on_the_toy(name):
 
 def test_compiling_windows_moves_to_the_static_cache_and_lifts_dynamos_recompile_limit():
     """Each (batch rows, width bucket) is a graph of one frame; at dynamo's default limit of 8 the ninth would
-    quietly run eagerly. torch.compile is lazy: nothing compiles here."""
-    adapter, _ = build_model("micro")
-    adapter.compile_windows(None)
-    try:
-        assert adapter.compiled and adapter.cache_kind == "static"
-        assert torch._dynamo.config.recompile_limit >= 256
-        assert [adapter.bucket(w) for w in (1, 2, 3, 5, 16, 17)] == [1, 2, 4, 8, 16, 32]
-    finally:
-        adapter.uncompile()
-    assert adapter.bucket(3) == 3  # eager: no padding
+    quietly run eagerly. torch.compile is lazy: nothing compiles here. The limit is process-wide: the test starts
+    it at the default, whatever an earlier test left, and puts back the value it found (dynamo's own config.patch;
+    pytest's monkeypatch would delete the setting on undo, as it is not in the config module's __dict__)."""
+    found = torch._dynamo.config.recompile_limit
+    with torch._dynamo.config.patch(recompile_limit=8):
+        adapter, _ = build_model("micro")
+        adapter.compile_windows(None)
+        try:
+            assert adapter.compiled and adapter.cache_kind == "static"
+            assert torch._dynamo.config.recompile_limit >= 256
+            assert [adapter.bucket(w) for w in (1, 2, 3, 5, 16, 17)] == [1, 2, 4, 8, 16, 32]
+        finally:
+            adapter.uncompile()
+        assert adapter.bucket(3) == 3  # eager: no padding
+    assert torch._dynamo.config.recompile_limit == found
