@@ -61,6 +61,15 @@ class EagleDecoder(Decoder):
             check_static_shape(tree)
         if children not in CHILDREN:
             raise ValueError(f"decoder.children must be one of {CHILDREN}, got {children!r}")
+        if self.lossless and tree == "dynamic" and children == "sampled":
+            # A dynamic tree keeps a sampled child by its score, which depends on the child's own token, so
+            # whether it is there to be tested depends on its value and recursive rejection no longer gives p
+            # (docs/algorithms.md §12.4 has a counterexample).
+            raise ValueError(
+                f"decoder {name!r}: decoder.children=sampled with decoder.tree=dynamic is not exact (a dynamic tree "
+                "keeps a sampled child only if its own score, which depends on its token, passes a cut); use a "
+                "static tree (decoder.tree=mc_sim_7b_63, as eagle_sampled does) or decoder.children=top_k"
+            )
         if depth < 1 or top_k < 1 or total_tokens < 2:
             raise ValueError(
                 f"decoder.depth and decoder.top_k must be >= 1 and decoder.total_tokens >= 2, got {depth}, {top_k}, "

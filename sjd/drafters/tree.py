@@ -15,8 +15,10 @@ Which candidates stay, and which nodes are expanded, is the shape's:
   ranks; every node that a longer path goes through is expanded.
 
 Sampled children are verified by recursive rejection sampling with q minus the earlier draws, which is exact
-only when the kept children of a node are the first ones drawn; a dynamic tree keeps that by scoring each
-sampled child no higher than the one drawn before it, static shapes by listing ranks 0 .. c-1 only (checked).
+only when the kept children of a node are the first ones drawn, whatever their values: static shapes keep that
+by listing ranks 0 .. c-1 only (checked). A dynamic tree scores each sampled child no higher than the one drawn
+before it, so its kept set is a prefix, but whether a child passes the cut depends on its own token: the lossless
+decoders refuse that combination (sjd.decoders.eagle); LANTERN, lossy by design, may grow it.
 Nothing here looks at the target's verification coins, which is what makes every rule in
 sjd.core.tree_verify exact on these trees.
 """

@@ -178,3 +178,45 @@ def test_one_draw_descent_is_eagle_2s_rule_in_distribution():
         assert (stopped[:, [1, 3]] == 0).all() and (stopped[:, 0] > 0).all()  # id 0 is an absent child: kept
     for counts in outcomes:
         assert fits(counts, p[0]) > 1e-3
+
+
+def test_a_value_pruned_sampled_tree_is_not_exact_and_eagle_refuses_it():
+    """Recursive rejection needs the kept children to be chosen without looking at their values. A dynamic
+    tree keeps a sampled child only if its own score passes a cut: with p = (.5, 0, 0, .5), q = (.2, .4, .4, 0)
+    and two ordered draws, the second kept only if q(x2) >= 0.8 q(x1), token 0 is committed with probability
+    1/3, not 1/2 (exactly, by enumeration; here by walk_tree on 200,000 rows); keeping both draws, whatever
+    their values, commits it with probability 1/2. So the lossless decoders refuse sampled children on a
+    dynamic tree at start-up."""
+    from sjd.decoders.eagle import EagleDecoder
+
+    g = torch.Generator().manual_seed(0)
+    p_root = torch.tensor([0.5, 0.0, 0.0, 0.5])
+    q = torch.tensor([0.2, 0.4, 0.4, 0.0])
+    gumbel = -(-torch.rand(ROWS, 4, generator=g).log()).log()
+    kids = (q.log() + gumbel).topk(2, dim=1).indices  # two ordered draws without replacement, per row
+    rows = torch.arange(ROWS)
+    tokens = torch.zeros(ROWS, 3, dtype=torch.long)
+    tokens[:, 1:] = kids
+    p = torch.full((ROWS, 3, 4), 0.25)
+    p[:, 0] = p_root
+
+    def q_of(node, kid_nodes):
+        return without_replacement_q(q.expand(ROWS, 4), tokens[rows[:, None], kid_nodes.clamp(min=0)])
+
+    def first_token_share(keep_second: torch.Tensor) -> float:
+        children = torch.full((ROWS, 3, 2), -1, dtype=torch.long)
+        children[:, 0, 0] = 1
+        children[:, 0, 1] = torch.where(keep_second, 2, -1)
+        u = torch.rand(ROWS, 2, 2, generator=g)
+        walk = walk_tree(p, tokens, children, q_of, u, torch.rand(ROWS, 2, generator=g))
+        first, _ = first_two(walk, tokens)
+        return float((first == 0).float().mean())
+
+    pruned = first_token_share(q[kids[:, 1]] >= 0.8 * q[kids[:, 0]])
+    kept = first_token_share(torch.ones(ROWS, dtype=torch.bool))
+    se = (0.25 / ROWS) ** 0.5
+    assert abs(pruned - 1 / 3) < 5 * se and abs(kept - 1 / 2) < 5 * se, (pruned, kept)
+
+    with pytest.raises(ValueError, match="children=sampled with decoder.tree=dynamic is not exact"):
+        EagleDecoder(drafter={"weights": "random"}, tree="dynamic", children="sampled")
+    EagleDecoder(drafter={"weights": "random"}, tree="mc_sim_7b_63", total_tokens=26, children="sampled")
