@@ -48,6 +48,7 @@ SUMMARY_COLUMNS = [
     "efficiency",
     "drafter_forwards",
     "drafter_cost",
+    "fe_compression",
     *STAGE_COLUMNS,
     "mean_accepted",
     "accept_hist",
@@ -325,6 +326,7 @@ def summary_rows(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.
             }
         )
     summary = pd.DataFrame(rows)
+    summary["fe_compression"] = fe_compression(summary, baseline, meta.get("drafter_byte_ratio"))
     if baseline is not None and baseline in set(summary["decoder"]):
         base = summary.loc[summary["decoder"] == baseline].iloc[0]
         summary["latency_speedup"] = base["latency_s"] / summary["latency_s"]
@@ -338,6 +340,20 @@ def summary_rows(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.
         if key not in summary.columns:
             summary[key] = value if not isinstance(value, dict | list) else json.dumps(value, sort_keys=True)
     return summary
+
+
+def fe_compression(summary: pd.DataFrame, baseline: str | None, drafter_price: float | None) -> pd.Series:
+    """Forward-equivalent compression: the baseline's forwards per image over the decoder's target forwards plus
+    its drafter forwards priced at `drafter_price` target forwards each (the drafter's weight bytes over the
+    target's, sjd.core.cost). For a decoder without a drafter it is the baseline's forwards over its own; NaN
+    without a baseline, and for a drafter decoder on a model with no price."""
+    if baseline is None or baseline not in set(summary["decoder"]):
+        return pd.Series(float("nan"), index=summary.index)
+    base = float(summary.loc[summary["decoder"] == baseline, "n_forward"].iloc[0])
+    drafted = summary["drafter_forwards"].fillna(0.0)
+    price = float("nan") if drafter_price is None else float(drafter_price)
+    priced = summary["n_forward"] + drafted.where(drafted == 0, drafted * price)
+    return base / priced
 
 
 def mean_entropy(df: pd.DataFrame) -> float:

@@ -77,3 +77,30 @@ def test_a_sample_record_keeps_the_line_format_and_each_rows_share_of_the_decode
     assert second["latency_s"] == pytest.approx(0.3) and second["entropy_nats"] is None
     assert first["extras"] == {"stage_laps": 7, "branch_commits": 0, "per_row": 2.0}  # the batch's, then row 0's
     assert second["extras"] == {"stage_laps": 7, "branch_commits": 1, "per_row": 3.0}
+
+
+def test_fe_compression_prices_drafter_forwards_at_the_drafters_byte_ratio():
+    """AR's forwards over the decoder's target forwards plus its drafter forwards at their price: a hybrid of 2
+    target and 16 drafter forwards at 0.075 a forward is 10 / 3.2, against a step compression of 5; a decoder
+    without a drafter keeps AR's forwards over its own; a drafter decoder on a model with no price has none."""
+    hybrid = [s | {"extras": {"drafter_forwards": 16}} for s in samples("hybrid", 2, 0.5, 0.3)]
+    table = pd.DataFrame(samples("ar", 10, 1.0, 0.9) + samples("sjd", 2, 0.5, 0.3) + hybrid)
+    rows = summary_rows(table, "ar", {"model": "standin", "drafter_byte_ratio": 0.075}).set_index("decoder")
+    assert rows.loc["hybrid", "step_compression"] == 5.0
+    assert rows.loc["hybrid", "fe_compression"] == pytest.approx(10 / (2 + 16 * 0.075))
+    assert rows.loc["sjd", "fe_compression"] == 5.0 and rows.loc["ar", "fe_compression"] == 1.0
+    unpriced = summary_rows(table, "ar", {"model": "toy", "drafter_byte_ratio": None}).set_index("decoder")
+    assert math.isnan(unpriced.loc["hybrid", "fe_compression"]) and unpriced.loc["sjd", "fe_compression"] == 5.0
+
+
+def test_every_model_that_stands_for_a_real_one_names_its_price(compose_cfg):
+    """The stand-ins price as the architecture they stand for, the real models as themselves (run meta's
+    prices_as and drafter_byte_ratio); an unknown name is refused, naming the key."""
+    from sjd.harness.runner import pricing
+
+    lumina = pricing(compose_cfg(["model=standin_lumina_512_cal"]))
+    assert lumina["prices_as"] == "chameleon_7b" and lumina["drafter_byte_ratio"] == pytest.approx(0.0748, abs=5e-4)
+    assert pricing(compose_cfg(["model=standin_llamagen_512"]))["prices_as"] == "llamagen_xl"
+    assert pricing(compose_cfg(["model=toy"])) == {"prices_as": None, "drafter_byte_ratio": None}
+    with pytest.raises(ValueError, match="model.prices_as='gpt5'"):
+        pricing(compose_cfg(["model=lumina", "model.prices_as=gpt5"]))
