@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pytest
 
 from studies.calibration_page import band_verdict
 from studies.drafters_page import drafters_section, trust_line
@@ -38,6 +40,7 @@ def run_rows(command: str = COMMAND, experiment: str = "drafters", spread: float
             "decoder": decoders,
             "schedule": "",
             "step_compression": [run[d][1] for d in decoders],
+            "n_forward": [1000 / run[d][1] for d in decoders],  # a 1000-token image
             "vs_sjd_official": [run[d][1] / sjd for d in decoders],
             "vs_sjd_pac_official_w64": [run[d][1] / pac for d in decoders],
             "drafter_forwards": [run[d][3] for d in decoders],
@@ -94,6 +97,18 @@ def test_the_table_shows_each_candidates_drafter_forwards_and_cost():
     line = next(row for row in text.splitlines() if row.startswith("| csjd_pac_drafter_w64 |"))
     assert "| 2900.0 | 0.50 |" in line
     assert "| 64 |" in line and next(r for r in text.splitlines() if r.startswith("| eagle |")).count("| 60 |") == 1
+
+
+def test_the_table_prices_drafter_forwards_in_target_forwards():
+    """fe compression over SJD-PAC: its 250 target forwards per image over the hybrid's 178.6 plus its 2900
+    drafter forwards at Chameleon-7B's drafter price (0.0748), which the stand-in's config names."""
+    from studies.drafters_page import drafter_price
+
+    price = drafter_price("standin_lumina_512_cal")
+    assert price == pytest.approx(0.0748, abs=5e-4) and np.isnan(drafter_price("toy"))
+    line = next(row for row in section(run_rows()).splitlines() if row.startswith("| csjd_pac_drafter_w64 |"))
+    cells = [c.strip() for c in line.split("|")]
+    assert f"{250 / (1000 / 5.6 + 2900 * price):.2f}" in cells  # 0.62: below 1, where step compression gives 1.4
 
 
 def test_the_band_verdict_follows_the_interval():
