@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from sjd.harness.results import markdown_table
+from studies.tables import page_from_csv
 
 PAGE = "gpu_forward_latency"
 TITLE = "a GPU: real-size forwards and decodes, eager and compiled, against the bandwidth bound"
@@ -103,9 +104,4 @@ def render(rows: pd.DataFrame) -> str:
 
 def render_gpu_page(results_dir: Path, out_dir: Path) -> Path | None:
     """docs/results/gpu_forward_latency.md when results/gpu_forward_latency.csv is there; the path, else None."""
-    csv = results_dir / f"{PAGE}.csv"
-    if not csv.exists():
-        return None
-    out = out_dir / f"{PAGE}.md"
-    out.write_text(render(pd.read_csv(csv)))
-    return out
+    return page_from_csv(results_dir, out_dir, PAGE, render)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from sjd.harness.results import markdown_table
+from studies.tables import page_from_csv
 
 PAGE = "real_size"
 TITLE = "the real sizes: 7B-class shapes in bf16 through the adapters and the static cache"
@@ -91,9 +92,4 @@ def render(rows: pd.DataFrame) -> str:
 
 def render_real_size_page(results_dir: Path, out_dir: Path) -> Path | None:
     """docs/results/real_size.md when results/real_size.csv is there; the path written, else None."""
-    csv = results_dir / f"{PAGE}.csv"
-    if not csv.exists():
-        return None
-    out = out_dir / f"{PAGE}.md"
-    out.write_text(render(pd.read_csv(csv)))
-    return out
+    return page_from_csv(results_dir, out_dir, PAGE, render)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pandas as pd
 
@@ -222,3 +223,14 @@ def machine_load(rows: pd.DataFrame) -> str:
         f"after, on {int(first['usable_cores'])} usable cores, process CPU/wall {first['cpu_per_wall']:.2f}{others}: "
         f"{verdict}"
     )
+
+
+def page_from_csv(results_dir: Path, out_dir: Path, page: str, render) -> Path | None:
+    """docs/results/<page>.md rendered by `render` from results/<page>.csv when that CSV is there (a benchmark
+    tool's page); the path written, else None."""
+    csv = results_dir / f"{page}.csv"
+    if not csv.exists():
+        return None
+    out = out_dir / f"{page}.md"
+    out.write_text(render(pd.read_csv(csv)))
+    return out

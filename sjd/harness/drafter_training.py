@@ -481,20 +481,30 @@ def check_probe(adapter, record: dict, directory: Path) -> Finding:
                    "step moves it further")  # fmt: skip
 
 
+def recorded_target(directory: Path) -> tuple | None:
+    """A drafter's record, its recipe arguments, its target on the CPU at the recipe's thread count and the
+    recipe's captions; None (said) where the directory has no drafter.json with a recipe."""
+    record = read_record(directory)
+    if record is None or "recipe" not in record:
+        print(f"{directory}: no drafter.json with a recipe")
+        return None
+    args = record["recipe"]
+    torch.set_num_threads(args["threads"])
+    adapter = load_target(args, "cpu")
+    prompts, _ = training_captions(args, adapter)
+    return record, args, adapter, prompts
+
+
 def record_probe_samples(directory: Path) -> int:
     """Sample the probe's images of a drafter trained before the probe kept its samples, and keep them (with
     their hash in the record) only if they give the recorded fingerprint: samples drawn on another CPU than the
     training one can differ, and then nothing is written."""
     from sjd.standin.training import FINGERPRINT_TOLERANCE, fingerprint_gaps
 
-    record = read_record(directory)
-    if record is None or "recipe" not in record:
-        print(f"{directory}: no drafter.json with a recipe")
+    loaded = recorded_target(directory)
+    if loaded is None:
         return 1
-    args = record["recipe"]
-    torch.set_num_threads(args["threads"])
-    adapter = load_target(args, "cpu")
-    prompts, _ = training_captions(args, adapter)
+    record, args, adapter, prompts = loaded
     samples = probe_samples(adapter, args, prompts)
     gaps = fingerprint_gaps(probe_fingerprint(adapter, args, prompts, samples), record["probe"]["fingerprint"])
     worst = max(gaps.values())
@@ -580,14 +590,10 @@ def remeasure(directory: Path, images: int) -> int:
     entry, which no hash covers: the weights and the recipe stay as they are."""
     from sjd.drafters.checkpoint import load_drafter
 
-    record = read_record(directory)
-    if record is None or "recipe" not in record:
-        print(f"{directory}: no drafter.json with a recipe")
+    loaded = recorded_target(directory)
+    if loaded is None:
         return 1
-    args = record["recipe"]
-    torch.set_num_threads(args["threads"])
-    adapter = load_target(args, "cpu")
-    prompts, _ = training_captions(args, adapter)
+    record, args, adapter, prompts = loaded
     record["measured"] = measure(load_drafter(adapter, str(directory)), adapter, args, prompts, images)
     write_record(directory, record)
     print(f"{directory}: measured, recorded in drafter.json")
