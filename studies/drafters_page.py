@@ -119,11 +119,10 @@ def drafter_price(model: str) -> float:
     model names none."""
     from omegaconf import OmegaConf
 
-    from sjd.core.cost import ARCHITECTURES, byte_ratio, eagle_drafter
+    from sjd.core.cost import drafter_price as price_of
 
     path = ROOT / "conf" / "model" / f"{model}.yaml"
-    name = OmegaConf.load(path).get("prices_as") if path.is_file() else None
-    return byte_ratio(eagle_drafter(ARCHITECTURES[name]), ARCHITECTURES[name]) if name else float("nan")
+    return price_of(OmegaConf.load(path).get("prices_as") if path.is_file() else None)
 
 
 def fe_over(rows: pd.DataFrame, candidates: pd.DataFrame, reference: str) -> list[str]:
@@ -133,9 +132,11 @@ def fe_over(rows: pd.DataFrame, candidates: pd.DataFrame, reference: str) -> lis
     by_name = rows.set_index("decoder")
     if reference not in by_name.index:
         return ["-"] * len(candidates)
+    from sjd.core.cost import priced_forwards
+
     price = drafter_price(str(rows["model"].iloc[0]))
-    drafted = candidates.get("drafter_forwards", pd.Series(np.nan, candidates.index)).fillna(0.0)
-    priced = candidates["n_forward"] + drafted.where(drafted == 0, drafted * price)
+    drafted = candidates.get("drafter_forwards", pd.Series(np.nan, candidates.index))
+    priced = priced_forwards(candidates["n_forward"], drafted, price)
     return [cell(v, ".2f") for v in float(by_name.loc[reference, "n_forward"]) / priced]
 
 

@@ -122,3 +122,21 @@ def byte_ratio(drafter: Architecture, target: Architecture) -> float:
     """A drafter forward's weight bytes over the target's: the price of one drafter forward in target forwards
     while both are bound by their weights."""
     return drafter.parameters / target.parameters
+
+
+def drafter_price(prices_as: str | None) -> float:
+    """An EAGLE drafter forward's price in target forwards for the architecture `prices_as` names (the drafters
+    compute the full LM head); NaN for None. An unknown name is refused, naming the key."""
+    if prices_as is None:
+        return float("nan")
+    if prices_as not in ARCHITECTURES:
+        raise ValueError(f"model.prices_as={prices_as!r}: not one of {sorted(ARCHITECTURES)} (sjd/core/cost.py)")
+    arch = ARCHITECTURES[prices_as]
+    return byte_ratio(eagle_drafter(arch), arch)
+
+
+def priced_forwards(target_forwards, drafter_forwards, price: float):
+    """Target forwards plus drafter forwards at `price` target forwards each (pandas Series); no drafter forwards
+    (0 or NaN) cost nothing, whatever the price."""
+    drafted = drafter_forwards.fillna(0.0)
+    return target_forwards + drafted.where(drafted == 0, drafted * price)

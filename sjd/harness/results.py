@@ -349,11 +349,11 @@ def fe_compression(summary: pd.DataFrame, baseline: str | None, drafter_price: f
     without a baseline, and for a drafter decoder on a model with no price."""
     if baseline is None or baseline not in set(summary["decoder"]):
         return pd.Series(float("nan"), index=summary.index)
+    from sjd.core.cost import priced_forwards
+
     base = float(summary.loc[summary["decoder"] == baseline, "n_forward"].iloc[0])
-    drafted = summary["drafter_forwards"].fillna(0.0)
     price = float("nan") if drafter_price is None else float(drafter_price)
-    priced = summary["n_forward"] + drafted.where(drafted == 0, drafted * price)
-    return base / priced
+    return base / priced_forwards(summary["n_forward"], summary["drafter_forwards"], price)
 
 
 def mean_entropy(df: pd.DataFrame) -> float:

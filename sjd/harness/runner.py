@@ -315,15 +315,10 @@ def pricing(cfg: DictConfig) -> dict:
     """The real architecture the model's forwards are priced as (`model.prices_as`: a stand-in's is the model it
     stands for) and an EAGLE drafter forward's price in its target forwards (sjd.core.cost.byte_ratio; the
     drafters compute the full LM head). None where the model names none (the toy and micro models)."""
-    from sjd.core.cost import ARCHITECTURES, byte_ratio, eagle_drafter
+    from sjd.core.cost import drafter_price
 
     name = cfg.model.get("prices_as")
-    if name is None:
-        return {"prices_as": None, "drafter_byte_ratio": None}
-    if name not in ARCHITECTURES:
-        raise ValueError(f"model.prices_as={name!r}: not one of {sorted(ARCHITECTURES)} (sjd/core/cost.py)")
-    arch = ARCHITECTURES[name]
-    return {"prices_as": name, "drafter_byte_ratio": byte_ratio(eagle_drafter(arch), arch)}
+    return {"prices_as": name, "drafter_byte_ratio": None if name is None else drafter_price(name)}
 
 
 def weights_sha(adapter: ModelAdapter, decoders: list[Decoder]) -> dict[str, str]:
