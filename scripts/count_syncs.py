@@ -2,12 +2,17 @@
 
     python scripts/count_syncs.py [--model toy] [--decoders ar,sjd,...] [--windows 16,64] [--batches 1,8]
                                   [--caches dynamic,static] [--out results/syncs.csv]
+    python scripts/count_syncs.py --forward-ops --model standin_lumina_768_cal
 
 For every decoder of conf/decoder/ (or `--decoders`) on each KV cache at each window and batch size, one decode
 of the model's first prompts under a SyncCounter: syncs per iteration in the decoder, in the logits pipeline and
 in the model forward, the decoder's sync sites with what each is for, and operator calls outside the forward (kernel
 launches on a GPU). Counts, not times: the same on any machine for the same code and seeds. Writes the table
-with its provenance (model, command, git hash, torch) to `--out` when given.
+with its provenance (model, command, git hash, torch) to `--out` when given. A decoder's own networks (a drafter)
+count as forwards, not as its calls (sjd.harness.syncs.count_decode).
+
+`--forward-ops` prints instead the operator calls of one width-1 forward of the model, outside its layers and per
+layer: the eager forward's launches that sjd.core.cost prices (FORWARD_OPS_FIXED, FORWARD_OPS_PER_LAYER).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from sjd.core.seeding import make_generators
 from sjd.harness.bookkeeping import build_model, decoder_configs, entrants, model_config, prompt_batches
 from sjd.harness.provenance import git_hash
 from sjd.harness.results import markdown_table
-from sjd.harness.syncs import count_decode, report_row, sync_purposes
+from sjd.harness.syncs import count_decode, forward_op_counts, report_row, sync_purposes
 
 
 def ints(text: str) -> list[int]:
@@ -40,9 +45,15 @@ def main() -> None:
     ap.add_argument("--batches", type=ints, default=[1, 8])
     ap.add_argument("--caches", default="dynamic,static", help="KV caches to count on (run.py's cache)")
     ap.add_argument("--out", type=Path, default=None, help="write the table here (results/syncs.csv is ours)")
+    ap.add_argument("--forward-ops", action="store_true", help="count one forward's operator calls instead")
     args = ap.parse_args()
     torch.set_num_threads(1)
     adapter, sampling = build_model(args.model)
+    if args.forward_ops:
+        (group,) = prompt_batches(args.model, 1, 1)
+        fixed, per_layer, layers = forward_op_counts(adapter, [p for p, _ in group])
+        print(f"{args.model}: {fixed} operator calls outside the layers, {per_layer} per layer ({layers} layers)")
+        return
     names = args.decoders.split(",") if args.decoders else None
     windows = [w for w in args.windows if w <= adapter.layout.n_tokens]
     field = []

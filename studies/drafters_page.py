@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sjd.core.cost import drafter_price as architecture_price
 from studies import regime
 from studies.calibration_page import (
     OURS,
@@ -38,8 +39,10 @@ from studies.calibration_page import (
 )
 from studies.goal_page import (
     POWERED_PAGE,
+    also_steps,
     audit_text,
     candidate_rows,
+    deciding_column,
     passing,
     ratio_cells,
     ratio_text,
@@ -111,6 +114,7 @@ def cost_cells(candidates: pd.DataFrame) -> tuple[list[str], list[str]]:
 
 
 ROOT = Path(__file__).resolve().parents[1]
+CHAMELEON_PRICE = architecture_price("chameleon_7b")  # an EAGLE drafter forward of Lumina-mGPT-7B, in its forwards
 
 
 def drafter_price(model: str) -> float:
@@ -119,10 +123,8 @@ def drafter_price(model: str) -> float:
     model names none."""
     from omegaconf import OmegaConf
 
-    from sjd.core.cost import drafter_price as price_of
-
     path = ROOT / "conf" / "model" / f"{model}.yaml"
-    return price_of(OmegaConf.load(path).get("prices_as") if path.is_file() else None)
+    return architecture_price(OmegaConf.load(path).get("prices_as") if path.is_file() else None)
 
 
 def fe_over(rows: pd.DataFrame, candidates: pd.DataFrame, reference: str) -> list[str]:
@@ -141,8 +143,9 @@ def fe_over(rows: pd.DataFrame, candidates: pd.DataFrame, reference: str) -> lis
 
 
 def best_at(candidates: pd.DataFrame, window: int, reference: str) -> pd.Series | None:
-    """The passing candidate of this forward width with the highest ratio to `reference`, if any."""
-    column = f"vs_{reference}"
+    """The passing candidate of this forward width with the highest ratio to `reference` on the deciding measure
+    (studies.goal_page.deciding_column), if any."""
+    column, _ = deciding_column(candidates, reference)
     at = passing(candidates)
     at = at[at["window"] == window] if len(at) else at
     if at.empty or column not in at or at[column].isna().all():
@@ -161,7 +164,7 @@ def target_lines(
     candidates: pd.DataFrame, confirmations: list[pd.DataFrame], goal: Goal, window: int, target: float
 ) -> list[str]:
     reference = goal.reference(window)
-    column = f"vs_{reference}"
+    column, measure = deciding_column(candidates, reference)
     best = best_at(candidates, window, reference)
     if best is None:
         return [f"- Window {window}: no lossless candidate whose one-sample audit passes has a ratio to "
@@ -169,8 +172,8 @@ def target_lines(
     verdict = verdict_of(best, column, target)
     spent = cell(best.get("drafter_forwards"), ".1f")
     line = (f"- Window {window}: the best is `{best['decoder']}` at {ratio_text(best, column)} times "
-            f"`{reference}`'s step compression, spending {spent} drafter forwards per image; in this run "
-            f"the {target}x target is {verdict}. Its {audit_text(best)}.")  # fmt: skip
+            f"`{reference}`'s {measure}{also_steps(best, column, reference)}, spending {spent} drafter forwards per image; in this run the {target}x target is {verdict}. "
+            f"Its {audit_text(best)}.")  # fmt: skip
     if not verdict.startswith("met"):
         return [line]
     confirmed = [c[c["decoder"] == best["decoder"]] for c in confirmations if best["model"] in set(c["model"])]
@@ -207,6 +210,10 @@ def run_part(
             "drafter forwards per image": forwards,
             "drafter cost per forward": cost,
             **{f"fe compression over {ref}": fe_over(rows, candidates, ref) for ref in goal.references.values()},
+            **{
+                f"modelled over {ref}": ratio_cells(candidates, f"modelled_vs_{ref}", units)
+                for ref in goal.references.values()
+            },  # fmt: skip
             "one-code commits": [cell(single_code_share(h), ".0%") for h in candidates.get("accept_hist", [])],
             "one-sample p": [cell(p, ".3g") for p in candidates.get("tf_p", pd.Series(np.nan, candidates.index))],
             "powered audit p (tokens)": [
@@ -247,9 +254,14 @@ def drafters_section(
         f"this run, on this machine (a tiny stand-in's time says little about a 7B model). `fe compression over` "
         f"a reference prices the drafter as a GPU would: the reference's target forwards over the candidate's "
         f"target forwards plus its drafter forwards, each at the drafter's weight bytes over the target's for the "
-        f"real architecture the stand-in stands for (0.075 of a forward for Chameleon-7B's drafter with the full "
-        f"head; sjd/core/cost.py); a point estimate from the run's mean forwards. The goal below is still read on "
-        f"step compression. A candidate counts when its one-sample audit passes and AR's control "
+        f"real architecture the stand-in stands for ({CHAMELEON_PRICE:.3f} of a forward for Chameleon-7B's drafter "
+        f"with the full head; sjd/core/cost.py); a point estimate from the run's mean forwards. `modelled over` a "
+        f"reference is the reference's modelled latency over the candidate's (Lumina-mGPT-7B on an H100, every "
+        f"forward a CUDA graph, drafter forwards and the decoder's own calls and syncs priced; "
+        f"sjd/harness/pricing.py, checked against the published latencies on page "
+        f"[cost_validation](cost_validation.md)), with its interval over "
+        f"prompts. The goal below is decided on it where the run has it, else on step compression (rows written "
+        f"before the cost model). A candidate counts when its one-sample audit passes and AR's control "
         f"passes; {regime.AUDITED_TEXT} `powered audit p` is the latest audit with power of a decoder with the "
         f"same settings, whatever its name, and the same weights (page [{POWERED_PAGE}]({POWERED_PAGE}.md)); "
         "where there is one its verdict decides `audited_lossless`.",

@@ -54,9 +54,26 @@ def references(goal: Goal) -> tuple[str, ...]:
 
 
 def shown_ratios(goal: Goal) -> list[tuple[str, str]]:
-    """(heading, summary column) of the ratios each candidate's row shows, with their intervals."""
+    """(heading, summary column) of the ratios each candidate's row shows, with their intervals: step compression
+    over each reference, then what a GPU would pay over it (fe compression and modelled latency)."""
+    refs = [ref for _, ref in sorted(goal.references.items())]
     return [("step compression", "step_compression"),
-            *((f"over {ref}", f"vs_{ref}") for _, ref in sorted(goal.references.items()))]  # fmt: skip
+            *((f"over {ref}", f"vs_{ref}") for ref in refs),
+            *((f"fe over {ref}", f"fe_vs_{ref}") for ref in refs),
+            *((f"modelled over {ref}", f"modelled_vs_{ref}") for ref in refs)]  # fmt: skip
+
+
+MODELLED_MEASURE = "modelled latency (Lumina-mGPT-7B on an H100, forwards graphed; sjd.harness.pricing)"
+STEP_MEASURE = "step compression (these rows predate the cost model: rerun the command to decide on modelled latency)"
+
+
+def deciding_column(candidates: pd.DataFrame, reference: str) -> tuple[str, str]:
+    """The ratio a target is decided on, and its name: the modelled latency over `reference` where the run has
+    it, else the step compression over it (rows written before the cost model)."""
+    column = f"modelled_vs_{reference}"
+    if column in candidates and candidates[column].notna().any():
+        return column, MODELLED_MEASURE
+    return f"vs_{reference}", STEP_MEASURE
 
 
 def forward_width(config: dict) -> int:
@@ -112,8 +129,16 @@ def passing(candidates: pd.DataFrame) -> pd.DataFrame:
     return candidates[candidates.apply(regime.counts_for_goal, axis=1).astype(bool)] if len(candidates) else candidates
 
 
-def goal_lines(candidates: pd.DataFrame, window: int, column: str, reference: str, target: float) -> list[str]:
-    """The goal at one window: the passing candidate with the highest ratio to `reference`, and its verdict."""
+def also_steps(row: pd.Series, column: str, reference: str) -> str:
+    """Where a target is decided on modelled latency, the step compression over the same reference beside it."""
+    steps = f"vs_{reference}"
+    return "" if column == steps else f" ({ratio_text(row, steps)} times its step compression)"
+
+
+def goal_lines(candidates: pd.DataFrame, window: int, reference: str, target: float) -> list[str]:
+    """The goal at one window: the passing candidate with the highest ratio to `reference` on the deciding
+    measure (deciding_column), and its verdict."""
+    column, measure = deciding_column(candidates, reference)
     counted = passing(candidates)
     at = counted[counted["window"] == window]
     if at.empty or column not in at or at[column].isna().all():
@@ -121,7 +146,7 @@ def goal_lines(candidates: pd.DataFrame, window: int, column: str, reference: st
     best = at.loc[at[column].idxmax()]
     verdict = verdict_of(best, column, target)
     line = (f"- Window {window}: the best is `{best['decoder']}` at {ratio_text(best, column)} times "
-            f"`{reference}`'s step compression; the {target}x target is {verdict}. "
+            f"`{reference}`'s {measure}{also_steps(best, column, reference)}; the {target}x target is {verdict}. "
             f"Its {audit_text(best)}.{selection_caveat(verdict, len(at))}")  # fmt: skip
     audited = at[at["audited_lossless"].apply(lambda flag: flag is True)]
     if best["audited_lossless"] is not True and not audited.empty and audited[column].notna().any():
@@ -134,7 +159,7 @@ def goal_lines(candidates: pd.DataFrame, window: int, column: str, reference: st
 def any_window_lines(candidates: pd.DataFrame, goal: Goal) -> list[str]:
     """The window-16 target against the best passing candidate at any window (when that one is wider than 16)."""
     reference, target = goal.reference(16), goal.targets[16]
-    column = f"vs_{reference}"
+    column, measure = deciding_column(candidates, reference)
     counted = passing(candidates)
     if counted.empty or column not in counted or counted[column].isna().all():
         return []
@@ -144,7 +169,7 @@ def any_window_lines(candidates: pd.DataFrame, goal: Goal) -> list[str]:
     verdict = verdict_of(best, column, target)
     return [f"- Any window against `{reference}` at window 16 (the target read as SJD's window, not the "
             f"candidate's): the best is `{best['decoder']}` at window {best['window']}, {ratio_text(best, column)} "
-            f"times; the {target}x target is {verdict}. Its {audit_text(best)}."
+            f"times its {measure}; the {target}x target is {verdict}. Its {audit_text(best)}."
             f"{selection_caveat(verdict, len(counted))}"]  # fmt: skip
 
 
@@ -232,7 +257,7 @@ def run_part(
     lines += [markdown(table), "", "The goal in this run:", ""]
     for window, target in sorted(goal.targets.items()):
         reference = goal.reference(window)
-        lines += goal_lines(candidates, window, f"vs_{reference}", reference, target)
+        lines += goal_lines(candidates, window, reference, target)
     lines += any_window_lines(candidates, goal)
     lines += wider_lines(candidates, goal)
     return [*lines, ""]
@@ -256,7 +281,12 @@ def goal_section(
         "",
         f"Every lossless candidate's step compression over official-schedule SJD at window 16 (target "
         f"{goal.targets[16]}x at window 16) and over SJD-PAC with its official algorithm and settings at window 64 "
-        f"(target {goal.targets[64]}x at window 64). Every decoder ran on the same prompts and seeds, so each interval "
+        f"(target {goal.targets[64]}x at window 64), and beside it what a GPU would pay over each: `fe over` the "
+        "reference's forwards over the candidate's with drafter forwards priced at their bytes, and `modelled over` "
+        "the reference's modelled latency over the candidate's (Lumina-mGPT-7B on an H100, every forward a CUDA "
+        "graph, the decoder's own calls and syncs priced; sjd/harness/pricing.py, checked against the published "
+        "latencies on page [cost_validation](cost_validation.md)). Targets are decided on the modelled latency "
+        "where the run has it. Every decoder ran on the same prompts and seeds, so each interval "
         "is a paired bootstrap over prompts. A candidate counts when its one-sample audit passes (p > "
         f"{regime.TF_ALPHA:g}) and AR's control passes; {regime.AUDITED_TEXT} The goal run's own audit is "
         f"far below power; `powered audit p` is the latest audit with power of a decoder with the same settings "

@@ -16,6 +16,7 @@ FIGURES = {  # figure -> the columns its rows need
     "calibration": ("step_compression", "entropy_nats"),  # a table, not a figure (calibration_page.py)
     "goal": ("step_compression", "vs_sjd_official"),  # a table, not a figure (goal_page.py)
     "drafters": ("step_compression", "vs_sjd_official"),  # a table, not a figure (drafters_page.py)
+    "cost": ("step_compression", "modelled_eager_efficiency"),  # a table, not a figure (cost_page.py)
 }
 
 

@@ -10,11 +10,12 @@ index of the pages, and the headline table of README.md (between its `<!-- headl
 `<!-- headline:end -->` markers): the part of one study page named by HEADLINE. Figures
 (`study.figure`): window (step compression and speedup against the window), quality (FID and CLIP
 against speedup), pareto (speedup against audit distance and FID), accept_hist (tokens committed per
-forward, one panel per decoder). Four study kinds close their page with one section for all their
+forward, one panel per decoder). Five study kinds close their page with one section for all their
 commands instead: `regime` (studies.regime_page), `calibration` (the published-ratio
 anchors of each stand-in tried, studies.calibration_page), `goal` (the lossless
-candidates against official SJD and SJD-PAC, studies.goal_page) and `drafters` (the
-trained-drafter decoders, studies.drafters_page).
+candidates against official SJD and SJD-PAC, studies.goal_page), `drafters` (the
+trained-drafter decoders, studies.drafters_page) and `cost` (the cost model against the published latencies,
+studies.cost_page).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pandas as pd
 
 from sjd.harness import plots
 from studies.calibration_page import calibration_section
+from studies.cost_page import cost_section
 from studies.drafters_page import drafters_section
 from studies.engine_page import render_engine_page
 from studies.goal_page import POWERED_PAGE, goal_section
@@ -45,7 +47,7 @@ TOOL_PAGES = (
     (render_real_size_page, REAL_SIZE_TITLE),
     (render_gpu_page, GPU_TITLE),
 )
-SECTION_KINDS = ("regime", "calibration", "goal", "drafters")  # studies that close their page with one section
+SECTION_KINDS = ("regime", "calibration", "goal", "drafters", "cost")  # studies that close their page with one section
 # README's headline: (page, command) of the study part it shows.
 HEADLINE = ("toy_schedule", "python run.py experiment=toy_schedule decoder.window=16")
 HEADLINE_MARKERS = ("<!-- headline:begin -->", "<!-- headline:end -->")
@@ -119,6 +121,9 @@ def render_page(
     goals = [c for s in studies if s.figure == "goal" for c in s.commands]
     if goals:
         lines += goal_section(results, goals, pd.read_csv(PUBLISHED), page_goal(page, studies, "goal"), powered)
+    costs = [c for s in studies if s.figure == "cost" for c in s.commands]
+    if costs:
+        lines += cost_section(results, costs, pd.read_csv(PUBLISHED), tables_dir or out_dir)
     drafters = [c for s in studies if s.figure == "drafters" for c in s.commands]
     if drafters:
         goal = page_goal(page, studies, "drafters")

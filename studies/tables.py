@@ -18,6 +18,8 @@ COLUMNS = (
     ("inputs_per_token", "inputs per token", ".2f"),
     ("latency_speedup", "latency speedup", ".2f"),
     ("efficiency", "efficiency", ".2f"),
+    ("fe_compression", "fe compression", ".2f"),  # drafter forwards priced at their bytes (sjd.core.cost)
+    ("modelled_speedup", "modelled speedup", ".2f"),  # on an H100, forwards graphed (sjd.harness.pricing)
     ("outside_model_frac", "outside model", ".1%"),
     ("fid", "FID", ".1f"),
     ("clip", "CLIP", ".1f"),
@@ -36,7 +38,10 @@ COLUMNS = (
 
 
 # Ratio columns printed with their 95% interval beside them: column -> the columns of its interval.
-INTERVALS = {c: (f"{c}_lo", f"{c}_hi") for c in ("step_compression", "latency_speedup", "efficiency")}
+INTERVALS = {
+    c: (f"{c}_lo", f"{c}_hi")
+    for c in ("step_compression", "latency_speedup", "efficiency", "fe_compression", "modelled_speedup")
+}
 NO_INTERVAL = "n/a: rerun"  # a row written before runs recorded intervals
 ONE_PROMPT = "n/a: one prompt"  # a run of one prompt (its seeds are one unit): no spread over prompts to measure
 ONE_BATCH = "n/a: one timed batch"  # a latency ratio of a run timed in one batch: no spread of timings to measure

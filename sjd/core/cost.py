@@ -6,17 +6,28 @@ and contexts, drafter forwards, host syncs) priced as the real architecture a ru
 
 Bytes are the weights a forward reads once (every layer, and the LM head's rows the pipeline keeps; an embedding
 is a gather, not a read of its table) plus the KV cache every row reads at its context. FLOPs are 2 per weight
-per token row, plus attention's 4 * context * hidden per token row and layer. Launches are the kernels of the
-forward (LAUNCHES_PER_LAYER a layer, eager) or one graph replay (CUDA graphs). The constants a roofline leaves
-out (launch and sync costs) are assumptions, named in GPU and meant to be varied.
+per token row, plus attention's 4 * context * hidden per token row and layer. Launches are the operator calls of
+the forward (FORWARD_OPS_FIXED + FORWARD_OPS_PER_LAYER a layer, eager) or one graph replay (CUDA graphs).
+
+A whole decode (`decode_seconds`) adds its drafter forwards and the decoder's own operator calls and host syncs
+outside the forwards. What each costs depends on the engine (ENGINES): `eager` is PyTorch eager as the published
+code and our adapters run it, its host time per operator call fitted once on a measured GPU forward (EAGER_OP_S);
+`graphed` replays each forward as one CUDA graph and pays the decoder's own calls at a datasheet-like launch cost.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-LAUNCHES_PER_LAYER = 14  # norms, q/k/v/o, rotary, attention, residuals, gate/up/down and the activation
+# Operator calls of one forward of transformers' Chameleon (Lumina-mGPT's and Anole's) after the prefill, counted
+# as the sync counter counts a decoder's (calls that make a device tensor): `python scripts/count_syncs.py
+# --forward-ops`, and tests/core/test_cost.py holds these to that count.
+FORWARD_OPS_PER_LAYER = 65
+FORWARD_OPS_FIXED = 25  # outside the layers: the cache's bookkeeping, embedding, final norm, head
 
 
 @dataclass(frozen=True)
@@ -65,23 +76,23 @@ def eagle_drafter(target: Architecture, head_rows: int | None = None) -> Archite
 
 @dataclass(frozen=True)
 class GPU:
-    """A GPU's datasheet figures and the per-kernel costs a roofline leaves out (assumptions, to be varied)."""
+    """A GPU's datasheet figures, and the cost of a host sync on it (an assumption, to be varied)."""
 
     name: str
     bandwidth: float  # bytes/s, memory
     peak: float  # FLOP/s, dense bf16
-    launch_s: float  # host cost of one eager kernel launch
     sync_s: float  # one host read of a device value: the stream drains
     source: str
 
 
-LAUNCH_S, SYNC_S = 5e-6, 20e-6  # eager launch: several microseconds; a sync: tens of microseconds
+SYNC_S = 20e-6  # a sync: tens of microseconds
 GPUS = {
-    "H100": GPU("H100 SXM", 3.35e12, 989e12, LAUNCH_S, SYNC_S, "NVIDIA H100 datasheet (SXM5)"),
-    "H200": GPU("H200 SXM", 4.8e12, 989e12, LAUNCH_S, SYNC_S, "NVIDIA H200 datasheet"),
-    "A100": GPU("A100 80GB SXM", 2.039e12, 312e12, LAUNCH_S, SYNC_S, "NVIDIA A100 datasheet"),
-    "RTX3090": GPU("RTX 3090", 936e9, 71e12, LAUNCH_S, SYNC_S, "NVIDIA GeForce RTX 3090 datasheet"),
-    "A40": GPU("A40", 696e9, 150e12, LAUNCH_S, SYNC_S, "NVIDIA A40 datasheet"),
+    "H100": GPU("H100 SXM", 3.35e12, 989e12, SYNC_S, "NVIDIA H100 datasheet (SXM5)"),
+    "H200": GPU("H200 SXM", 4.8e12, 989e12, SYNC_S, "NVIDIA H200 datasheet"),
+    "A100": GPU("A100 80GB SXM", 2.039e12, 312e12, SYNC_S, "NVIDIA A100 datasheet"),
+    "RTX4090": GPU("RTX 4090", 1.008e12, 165e12, SYNC_S, "NVIDIA Ada GPU architecture whitepaper (fp32 accumulate)"),
+    "RTX3090": GPU("RTX 3090", 936e9, 71e12, SYNC_S, "NVIDIA GeForce RTX 3090 datasheet"),
+    "A40": GPU("A40", 696e9, 150e12, SYNC_S, "NVIDIA A40 datasheet"),
 }
 DEFAULT_GPU = "H100"
 
@@ -99,7 +110,7 @@ class ForwardCost:
 
 
 def forward_cost(
-    arch: Architecture, rows: int, width: int, context: int, dtype: str = "bfloat16", graphed: bool = False
+    arch: Architecture, rows: int, width: int, context: float, dtype: str = "bfloat16", graphed: bool = False
 ) -> ForwardCost:
     """One forward of `width` tokens on each of `rows` cache rows (batch x CFG) at `context` tokens already in
     the cache: the weights read once, every row's KV read, 2 FLOPs a weight a token row plus attention's."""
@@ -109,13 +120,93 @@ def forward_cost(
         weight_bytes=arch.parameters * BYTES[dtype],
         kv_bytes=rows * (context + width) * arch.kv_bytes_per_token(dtype),
         flops=2 * arch.parameters * tokens + attention_flops,
-        launches=1 if graphed else arch.layers * LAUNCHES_PER_LAYER + 2,
+        launches=1 if graphed else arch.layers * FORWARD_OPS_PER_LAYER + FORWARD_OPS_FIXED,
     )
 
 
-def forward_seconds(cost: ForwardCost, gpu: GPU) -> float:
-    """The roofline time of one forward plus its launches."""
-    return max(cost.bytes / gpu.bandwidth, cost.flops / gpu.peak) + cost.launches * gpu.launch_s
+def roofline_seconds(cost: ForwardCost, gpu: GPU) -> float:
+    """The time the device needs for one forward: its bytes at the bandwidth or its FLOPs at the peak."""
+    return max(cost.bytes / gpu.bandwidth, cost.flops / gpu.peak)
+
+
+def forward_seconds(cost: ForwardCost, gpu: GPU, op_s: float) -> float:
+    """The roofline time of one forward plus its launches at `op_s` each (the engine's, ENGINES)."""
+    return roofline_seconds(cost, gpu) + cost.launches * op_s
+
+
+def fit_op_seconds(measured_s: float, arch: Architecture, gpu: GPU, rows: int, width: int, context: int) -> float:
+    """The host time of one operator call that makes an eager forward's modelled time equal `measured_s`:
+    (measured - roofline) / the forward's operator calls."""
+    cost = forward_cost(arch, rows, width, context)
+    return (measured_s - roofline_seconds(cost, gpu)) / cost.launches
+
+
+@dataclass(frozen=True)
+class Engine:
+    """How a forward and the decoder's own calls reach the GPU."""
+
+    name: str
+    graphed: bool  # a forward is one CUDA graph replay
+    op_s: float  # host time of one operator call (a forward's, when not graphed, and the decoder's own)
+    source: str
+
+
+# Fitted once: Lumina-mGPT-7B's eager forward of one token at context 2293, batch 1 with CFG, measured at
+# 28.02 ms on an H200 (results/gpu_forward_latency.csv, `scripts/gpu_smoke.sh`), less its roofline, over its
+# 2,105 operator calls. tests/core/test_cost.py recomputes it from that row.
+EAGER_OP_S = 11.74e-6
+LAUNCH_S = 5e-6  # one kernel launch from a tight host loop: several microseconds
+ENGINES = {
+    "eager": Engine("eager", False, EAGER_OP_S, "fitted on the H200 eager forward of results/gpu_forward_latency.csv"),
+    "graphed": Engine("graphed", True, LAUNCH_S, "assumed: each forward one graph replay, decoder calls launched"),
+}
+DEFAULT_ENGINE = "graphed"
+
+
+@dataclass(frozen=True)
+class DecodeCounts:
+    """What one image's decode asked of the GPU, as a run records it."""
+
+    forwards: float  # target forwards
+    context: float  # tokens in the cache before a target forward, on average over them
+    width: float  # tokens a target forward feeds per row, on average
+    drafter_forwards: float = 0.0
+    decoder_ops: float = 0.0  # operator calls outside the forwards, per target forward
+    syncs: float = 0.0  # host syncs per target forward
+
+
+def mean_context(committed: Sequence[int]) -> float:
+    """The mean context of a decode's target forwards, from the tokens each committed (a forward's context is
+    what the ones before it committed)."""
+    counts = np.asarray(committed, dtype=float)
+    return float((np.cumsum(counts) - counts).mean()) if len(counts) else 0.0
+
+
+def decode_seconds(
+    counts: DecodeCounts,
+    target: Architecture,
+    gpu: GPU,
+    engine: Engine,
+    rows: int,
+    drafter: Architecture | None = None,
+    dtype: str = "bfloat16",
+) -> float:
+    """The modelled time of one image's decode, at batch 1 with `rows` cache rows (2 with CFG): its target
+    forwards at their mean width and context, its drafter forwards (width 1) at the same context, and the
+    decoder's own calls and syncs per target forward. Pricing every forward at the mean context is exact while
+    every forward is bound by bytes (or every one by FLOPs): both grow linearly in the context. The prompt's
+    tokens are left out of the contexts."""
+    width = max(int(round(counts.width)), 1)
+    target_s = forward_seconds(
+        forward_cost(target, rows, width, counts.context, dtype, engine.graphed), gpu, engine.op_s
+    )
+    seconds = counts.forwards * (target_s + counts.decoder_ops * engine.op_s + counts.syncs * gpu.sync_s)
+    if counts.drafter_forwards:
+        if drafter is None:
+            raise ValueError("a decode with drafter forwards needs the drafter's architecture to be priced")
+        cost = forward_cost(drafter, rows, 1, counts.context, dtype, engine.graphed)
+        seconds += counts.drafter_forwards * forward_seconds(cost, gpu, engine.op_s)
+    return seconds
 
 
 def byte_ratio(drafter: Architecture, target: Architecture) -> float:

@@ -7,12 +7,13 @@ samples of one prompt, which share its caption, are never treated as independent
   standard deviation over sqrt(n) (`mean_se`);
 - step compression (tokens / forwards, a ratio of sums): the standard error of a ratio estimator
   by the delta method (`ratio_se`), and a 95% percentile bootstrap interval over the units;
-- every ratio between two decoders of the same run (latency speedup and efficiency over the
-  baseline, step compression over a reference SJD): a 95% percentile interval from a paired
-  bootstrap over the prompts both decoders decoded. One resample draws n of the n shared prompts
-  with replacement and recomputes the ratio from both decoders' values on those same prompts, so
-  the prompt-to-prompt variation both share cancels. BOOTSTRAP_RESAMPLES resamples from
-  numpy.random.default_rng(BOOTSTRAP_SEED): the interval is the same every time the summary is made.
+- every ratio between two decoders of the same run (latency speedup and efficiency over the baseline, step
+  compression over a reference SJD, fe_compression and the modelled speedup over the baseline, and priced forwards
+  and modelled time over a reference: `fe_vs_<ref>`, `modelled_vs_<ref>`): a 95% percentile interval from a paired
+  bootstrap over the prompts both decoders decoded. One resample draws n of the n shared prompts with replacement
+  and recomputes the ratio from both decoders' values on those same prompts, so the prompt-to-prompt variation both
+  share cancels. BOOTSTRAP_RESAMPLES resamples from numpy.random.default_rng(BOOTSTRAP_SEED): the interval is the
+  same every time the summary is made.
 
 Latency is different: a batch is timed as a whole, and each of its samples carries the batch's time. So the
 latency speedup's and the efficiency's unit is the *timed batch* (`batch_units`): one latency and one model
@@ -37,7 +38,7 @@ LEVEL = 0.95
 # Decoders a run's step compression is also compared with, where the run has them (the pages' "vs sjd"
 # columns, the regime map's vs_official_sjd / vs_harness_sjd, and the goal page's SJD-PAC at window 64).
 REFERENCES = ("sjd", "sjd_official", "sjd_harness", "sjd_pac_official_w64")
-UNIT_COLUMNS = ("n_tokens", "n_forward", "latency_s", "model_s")
+UNIT_COLUMNS = ("n_tokens", "n_forward", "latency_s", "model_s", "priced_forwards", "modelled_s", "modelled_eager_s")
 # What every sample of one timed batch shares, and no two batches do: the batch's own clocks and its size.
 BATCH_CLOCKS = ("latency_s", "prefill_s", "decode_s", "model_s", "batch_size")
 
@@ -106,7 +107,7 @@ def prompt_units(samples: pd.DataFrame) -> pd.DataFrame:
     present = [c for c in UNIT_COLUMNS if c in samples]
     ids = samples["prompt_id"] if "prompt_id" in samples else pd.Series(range(len(samples)), index=samples.index)
     by_prompt = samples.groupby([samples["decoder"], ids.rename("prompt_id")], sort=False)  # no ids: a row a unit
-    return by_prompt[present].sum().assign(n_seeds=by_prompt.size())
+    return by_prompt[present].sum(min_count=1).assign(n_seeds=by_prompt.size())  # NaN stays NaN
 
 
 def batch_units(samples: pd.DataFrame) -> pd.DataFrame:
@@ -158,12 +159,48 @@ def baseline_intervals(mine: pd.DataFrame, base: pd.DataFrame) -> dict[str, floa
     return out
 
 
+def modelled_efficiency(
+    base_s: np.ndarray, mine_s: np.ndarray, base_forwards: np.ndarray, forwards: np.ndarray
+) -> np.ndarray:
+    """The modelled speedup over the step compression: the baseline's modelled time per forward over the
+    decoder's."""
+    return latency_ratio(base_s, mine_s) * forwards.sum(-1) / base_forwards.sum(-1)
+
+
+def priced_intervals(mine: pd.DataFrame, base: pd.DataFrame) -> dict[str, float]:
+    """Paired intervals over prompts of what a GPU would pay (sjd.harness.pricing): fe_compression (the
+    baseline's forwards over the decoder's priced forwards), and the modelled speedup and efficiency of each
+    modelled engine."""
+    out = {}
+    if "priced_forwards" in mine and mine["priced_forwards"].notna().all():
+        out["fe_compression_lo"], out["fe_compression_hi"] = bootstrap_interval(
+            latency_ratio, [base["n_forward"], mine["priced_forwards"]])  # fmt: skip
+    for engine in ("", "eager_"):
+        column = f"modelled_{engine}s"
+        if column not in mine or mine[column].isna().any() or base[column].isna().any():
+            continue
+        lo_hi = bootstrap_interval(latency_ratio, [base[column], mine[column]])
+        out[f"modelled_{engine}speedup_lo"], out[f"modelled_{engine}speedup_hi"] = lo_hi
+        columns = [base[column], mine[column], base["n_forward"], mine["n_forward"]]
+        lo_hi = bootstrap_interval(modelled_efficiency, columns)
+        out[f"modelled_{engine}efficiency_lo"], out[f"modelled_{engine}efficiency_hi"] = lo_hi
+    return out
+
+
 def reference_intervals(mine: pd.DataFrame, ref: pd.DataFrame, name: str) -> dict[str, float]:
     """Step compression over the reference decoder `name`: the ratio and its paired interval."""
     columns = [mine["n_tokens"], mine["n_forward"], ref["n_tokens"], ref["n_forward"]]
     lo, hi = bootstrap_interval(compression_ratio, columns)
     ratio = float(compression_ratio(*(np.asarray(c, dtype=float) for c in columns)))
-    return {f"vs_{name}": ratio, f"vs_{name}_lo": lo, f"vs_{name}_hi": hi}
+    out = {f"vs_{name}": ratio, f"vs_{name}_lo": lo, f"vs_{name}_hi": hi}
+    # What a GPU would pay, over the reference: its priced forwards over ours, and its modelled time over ours.
+    for prefix, column in (("fe", "priced_forwards"), ("modelled", "modelled_s")):
+        if column in mine and mine[column].notna().all() and ref[column].notna().all():
+            pair = [np.asarray(ref[column], dtype=float), np.asarray(mine[column], dtype=float)]
+            lo, hi = bootstrap_interval(latency_ratio, pair)
+            out |= {f"{prefix}_vs_{name}": float(latency_ratio(*pair)), f"{prefix}_vs_{name}_lo": lo,
+                    f"{prefix}_vs_{name}_hi": hi}  # fmt: skip
+    return out
 
 
 def summary_intervals(samples: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
@@ -177,6 +214,7 @@ def summary_intervals(samples: pd.DataFrame, baseline: str | None) -> pd.DataFra
         row["latency_s_se"] = mean_se(batches.loc[decoder, "latency_s"])  # over timed batches
         if baseline in decoders and decoder != baseline:
             row |= baseline_intervals(*paired(batches, decoder, baseline))
+            row |= priced_intervals(*paired(units, decoder, baseline))
         for ref in (r for r in REFERENCES if r in decoders and r != decoder):
             row |= reference_intervals(*paired(units, decoder, ref), ref)
         rows.append(row)

@@ -24,6 +24,7 @@ from PIL import Image, ImageDraw
 from sjd.decoders.base import DecodeResult
 from sjd.decoders.stages import STAGES
 from sjd.harness.intervals import summary_intervals
+from sjd.harness.pricing import sample_prices
 from sjd.types import Prompt
 
 STAGE_COLUMNS = [f"{stage}_frac" for stage in STAGES]
@@ -49,6 +50,16 @@ SUMMARY_COLUMNS = [
     "drafter_forwards",
     "drafter_cost",
     "fe_compression",
+    "modelled_s",
+    "modelled_speedup",
+    "modelled_efficiency",
+    "modelled_eager_s",
+    "modelled_eager_speedup",
+    "modelled_eager_efficiency",
+    "priced_context",
+    "priced_width",
+    "decoder_ops_per_iter",
+    "syncs_per_iter",
     *STAGE_COLUMNS,
     "mean_accepted",
     "accept_hist",
@@ -294,6 +305,7 @@ def summary_rows(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.
     Beside them, the standard errors and 95% intervals of sjd.harness.intervals (forwards per image,
     latency, step compression; latency speedup and efficiency over the baseline and step compression
     over a reference SJD, from a paired bootstrap over prompts)."""
+    samples = samples.assign(**sample_prices(samples, meta))  # priced_forwards, modelled_s (sjd.harness.pricing)
     rows = []
     for decoder, df in samples.groupby("decoder", sort=False):
         hist = accept_histogram(df["accepted"])
@@ -318,6 +330,9 @@ def summary_rows(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.
                 "image_decode_s": float(df["image_decode_s"].mean()) if "image_decode_s" in df else float("nan"),
                 "outside_model_frac": float(1 - df["model_s"].sum() / df["latency_s"].sum()),
                 "model_s": float(df["model_s"].mean()),
+                "modelled_s": float(df["modelled_s"].mean()),
+                "modelled_eager_s": float(df["modelled_eager_s"].mean()),
+                **priced_counts(df),
                 **stage_fractions(df),
                 "mean_accepted": float(sum(k * v for k, v in hist.items()) / max(n_iter, 1)),
                 "accept_hist": json.dumps(hist),
@@ -330,9 +345,20 @@ def summary_rows(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.
     if baseline is not None and baseline in set(summary["decoder"]):
         base = summary.loc[summary["decoder"] == baseline].iloc[0]
         summary["latency_speedup"] = base["latency_s"] / summary["latency_s"]
+        for engine in ("", "eager_"):  # modelled speedup over the baseline, and over the step compression
+            speedup = base[f"modelled_{engine}s"] / summary[f"modelled_{engine}s"]
+            summary[f"modelled_{engine}speedup"] = speedup
+            summary[f"modelled_{engine}efficiency"] = speedup * summary["n_forward"] / base["n_forward"]
         summary["forward_cost"], summary["efficiency"] = forward_efficiency(summary, base)
     else:
         summary["latency_speedup"] = summary["forward_cost"] = summary["efficiency"] = float("nan")
+        for column in (
+            "modelled_speedup",
+            "modelled_efficiency",
+            "modelled_eager_speedup",
+            "modelled_eager_efficiency",
+        ):
+            summary[column] = float("nan")
     summary = summary[SUMMARY_COLUMNS].merge(summary_intervals(samples, baseline), on="decoder", how="left")
     if isinstance(meta.get("warmup_s"), dict):  # per decoder: its warm-up (and compile) seconds
         summary["warmup_s"] = summary["decoder"].map(meta["warmup_s"])
@@ -354,6 +380,15 @@ def fe_compression(summary: pd.DataFrame, baseline: str | None, drafter_price: f
     base = float(summary.loc[summary["decoder"] == baseline, "n_forward"].iloc[0])
     price = float("nan") if drafter_price is None else float(drafter_price)
     return base / priced_forwards(summary["n_forward"], summary["drafter_forwards"], price)
+
+
+def priced_counts(df: pd.DataFrame) -> dict[str, float]:
+    """The counts a GPU pays for (sjd.harness.pricing), over one decoder's samples: the mean context and width
+    of a target forward (weighted by forwards) and the decoder's calls and syncs per iteration."""
+    forwards = df["n_forward"].astype(float)
+    weighted = {c: float((df[c] * forwards).sum() / forwards.sum()) for c in ("priced_context", "priced_width")}
+    return {**weighted, "decoder_ops_per_iter": float(df["decoder_ops_per_iter"].mean()),
+            "syncs_per_iter": float(df["syncs_per_iter"].mean())}  # fmt: skip
 
 
 def mean_entropy(df: pd.DataFrame) -> float:

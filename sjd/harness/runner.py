@@ -295,6 +295,7 @@ def run_meta(
         "batch_size": cfg.batch_size,
         "sampling": OmegaConf.to_container(cfg.model.sampling),
         "decoder_configs": {d.name: d.config() for d in decoders},
+        "decoder_classes": {d.name: type(d).__name__ for d in decoders},  # how sjd.harness.pricing finds its counts
         "decoder_lossless": {d.name: d.lossless for d in decoders},
         "baseline": baseline,
         "device": dp.device,

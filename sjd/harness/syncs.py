@@ -37,6 +37,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from sjd.models.base import ModelAdapter
+from sjd.types import Prompt
 
 SYNC_FUNCTIONS = {
     torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__,
@@ -57,6 +58,8 @@ class Counts:
     syncs: Counter = field(default_factory=Counter)  # (where, site) -> count; where: forward | pipeline | decoder
     ops_outside_forward: int = 0
     forwards: int = 0
+    ops_in_forward: int = 0  # operator calls inside the adapter's forward (the model's own kernels, eager)
+    ops_in_layers: int = 0  # of those, inside the decoder layers (`layer_hooks`)
 
 
 class SyncCounter(TorchFunctionMode):
@@ -67,6 +70,7 @@ class SyncCounter(TorchFunctionMode):
         self.starting = list(device_tensors)
         self.counts = Counts()
         self.in_forward = 0
+        self.in_layer = 0
 
     @staticmethod
     def is_device(x) -> bool:
@@ -93,6 +97,9 @@ class SyncCounter(TorchFunctionMode):
                 self.mark(o)
             if produced and not self.in_forward:
                 self.counts.ops_outside_forward += 1
+            elif produced:
+                self.counts.ops_in_forward += 1
+                self.counts.ops_in_layers += bool(self.in_layer)
         return out
 
     def site(self, func) -> tuple[str, str]:
@@ -192,11 +199,57 @@ def device_tensors(adapter: ModelAdapter, networks: dict[str, torch.nn.Module]) 
 
 
 def count_decode(decode: Callable[[], object], adapter: ModelAdapter, networks: dict) -> Counts:
-    """Run `decode()` (one generate call) under a fresh SyncCounter and return what it counted."""
+    """Run `decode()` (one generate call) under a fresh SyncCounter and return what it counted. The decoder's own
+    networks (a drafter) count as forwards, not as the decoder's calls: sjd.core.cost prices a drafter forward
+    as a forward of its architecture, so its calls must not be priced twice."""
     counter = SyncCounter(device_tensors(adapter, networks))
-    with counter.watching(adapter):
-        decode()
+
+    def enter(*_):
+        counter.in_forward += 1
+
+    def leave(*_):
+        counter.in_forward -= 1
+
+    hooks = [
+        h for net in networks.values() for h in (net.register_forward_pre_hook(enter), net.register_forward_hook(leave))
+    ]
+    try:
+        with counter.watching(adapter):
+            decode()
+    finally:
+        for h in hooks:
+            h.remove()
     return counter.counts
+
+
+def forward_op_counts(adapter: ModelAdapter, prompts: Sequence[Prompt]) -> tuple[int, int, int]:
+    """(operator calls outside the layers, per layer, layers) of one width-1 forward after the prefill of
+    `prompts` (its first row), counted as the decoder's are (calls that make a device tensor): what an eager
+    forward launches (sjd.core.cost.FORWARD_OPS_FIXED and FORWARD_OPS_PER_LAYER)."""
+    network = next(iter(adapter.networks().values()))
+    layers = next(m for name, m in network.named_modules() if name.endswith("layers") and len(m))
+    counter = SyncCounter(device_tensors(adapter, {}))
+
+    def enter(*_):
+        counter.in_layer += 1
+
+    def leave(*_):
+        counter.in_layer -= 1
+
+    hooks = [
+        h for layer in layers for h in (layer.register_forward_pre_hook(enter), layer.register_forward_hook(leave))
+    ]
+    try:
+        with torch.no_grad():
+            adapter.prefill(prompts[:1], with_uncond=True)
+            token = torch.zeros((1, 1), dtype=torch.long)  # its value does not change what is launched
+            with counter.watching(adapter):
+                adapter.forward(token, [0])
+    finally:
+        for h in hooks:
+            h.remove()
+    c = counter.counts
+    return c.ops_in_forward - c.ops_in_layers, c.ops_in_layers // len(layers), len(layers)
 
 
 def report_row(counts: list[Counts]) -> dict:

@@ -1,9 +1,29 @@
 """sjd/core/cost.py: the bytes, FLOPs and launches of one forward of the real architectures, and the drafter's
 price in target forwards, against figures worked out by hand from the released configurations."""
 
+from pathlib import Path
+
+import pandas as pd
 import pytest
 
-from sjd.core.cost import ARCHITECTURES, GPUS, byte_ratio, eagle_drafter, forward_cost, forward_seconds
+from sjd.core.cost import (
+    ARCHITECTURES,
+    EAGER_OP_S,
+    ENGINES,
+    GPUS,
+    LAUNCH_S,
+    DecodeCounts,
+    byte_ratio,
+    decode_seconds,
+    eagle_drafter,
+    fit_op_seconds,
+    forward_cost,
+    forward_seconds,
+    mean_context,
+    roofline_seconds,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CHAMELEON = ARCHITECTURES["chameleon_7b"]
 
@@ -26,12 +46,54 @@ def test_a_window_of_64_at_batch_1_with_cfg_is_memory_bound_on_an_h100():
     assert cost.bytes / h100.bandwidth > cost.flops / h100.peak
     assert cost.kv_bytes == 2 * 2364 * 2 * 32 * 4096 * 2  # both rows' keys and values, every layer, bf16
     graphed = forward_cost(CHAMELEON, rows=2, width=64, context=2300, graphed=True)
-    assert forward_seconds(cost, h100) - forward_seconds(graphed, h100) == pytest.approx(
-        (cost.launches - 1) * h100.launch_s)  # fmt: skip
-    assert forward_seconds(graphed, h100) == pytest.approx(cost.bytes / h100.bandwidth + h100.launch_s)
+    assert forward_seconds(cost, h100, LAUNCH_S) - forward_seconds(graphed, h100, LAUNCH_S) == pytest.approx(
+        (cost.launches - 1) * LAUNCH_S)  # fmt: skip
+    assert forward_seconds(graphed, h100, LAUNCH_S) == pytest.approx(cost.bytes / h100.bandwidth + LAUNCH_S)
 
 
 def test_a_wide_enough_batch_turns_compute_bound():
     h100 = GPUS["H100"]
     cost = forward_cost(CHAMELEON, rows=64, width=64, context=0)
     assert cost.flops / h100.peak > cost.bytes / h100.bandwidth
+
+
+def test_the_eager_op_cost_is_the_fit_of_the_recorded_gpu_forward():
+    """EAGER_OP_S is what fit_op_seconds gives for the H200 eager forward recorded in results/ (width 1): a
+    change to the forward's operator count or to that row must change the constant with it."""
+    rows = pd.read_csv(ROOT / "results" / "gpu_forward_latency.csv")
+    row = rows[(rows["model"] == "lumina") & (rows["measure"] == "forward") & (rows["window"] == 1)].iloc[0]
+    assert row["device_name"] == "NVIDIA H200"
+    fitted = fit_op_seconds(row["median_ms"] / 1e3, CHAMELEON, GPUS["H200"], 2, 1, int(row["context"]))
+    assert EAGER_OP_S == pytest.approx(fitted, rel=1e-3)
+    assert ENGINES["eager"].op_s == EAGER_OP_S and not ENGINES["eager"].graphed
+
+
+def test_a_decode_costs_its_forwards_at_their_mean_context_and_its_own_calls():
+    """decode_seconds against the sum worked per forward: while every forward is bound by its bytes, pricing
+    each at its own context equals pricing all at the mean context."""
+    committed = [1, 3, 2, 4, 6]
+    assert mean_context(committed) == pytest.approx((0 + 1 + 4 + 6 + 10) / 5)
+    h100, graphed = GPUS["H100"], ENGINES["graphed"]
+    per_forward = sum(
+        forward_seconds(forward_cost(CHAMELEON, 2, 16, c, graphed=True), h100, graphed.op_s) for c in (0, 1, 4, 6, 10)
+    )
+    counts = DecodeCounts(forwards=5, context=mean_context(committed), width=16, decoder_ops=100, syncs=1)
+    own = 5 * (100 * graphed.op_s + h100.sync_s)
+    assert decode_seconds(counts, CHAMELEON, h100, graphed, rows=2) == pytest.approx(per_forward + own)
+    drafter = eagle_drafter(CHAMELEON)
+    drafted = DecodeCounts(5, counts.context, 16, drafter_forwards=30, decoder_ops=100, syncs=1)
+    one_draft = roofline_seconds(forward_cost(drafter, 2, 1, counts.context), h100) + graphed.op_s
+    assert decode_seconds(drafted, CHAMELEON, h100, graphed, 2, drafter) == pytest.approx(
+        per_forward + own + 30 * one_draft)  # fmt: skip
+    with pytest.raises(ValueError, match="drafter's architecture"):
+        decode_seconds(drafted, CHAMELEON, h100, graphed, 2)
+
+
+def test_an_eager_forward_of_a_7b_model_is_bound_by_its_host_calls():
+    """The fitted eager engine prices a 7B forward at several times its roofline (what the GPU page measured),
+    so a decoder's own calls weigh beside it; graphed, the roofline dominates."""
+    cost = forward_cost(CHAMELEON, 2, 1, 1000)
+    eager = forward_seconds(cost, GPUS["H100"], EAGER_OP_S)
+    assert eager > 4 * roofline_seconds(cost, GPUS["H100"])
+    graphed = forward_seconds(forward_cost(CHAMELEON, 2, 1, 1000, graphed=True), GPUS["H100"], LAUNCH_S)
+    assert graphed < 1.01 * roofline_seconds(cost, GPUS["H100"])

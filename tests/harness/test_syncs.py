@@ -106,3 +106,16 @@ def test_the_drafter_and_coupled_decoders_sync_once_an_iteration(toy):
         assert row["pipeline_syncs_per_iter"] == 0 and row["forward_syncs_per_iter"] == 0, name
         assert row["decoder_syncs_per_iter"] < 1.2, (name, row["decoder_sync_sites"])  # + once a decode
         assert "not yet explained" not in sync_purposes(row["decoder_sync_sites"]), name
+
+
+def test_the_forward_op_constants_are_the_stand_ins_count():
+    """FORWARD_OPS_FIXED and FORWARD_OPS_PER_LAYER are what the sync counter counts in one forward of
+    transformers' Chameleon (the calibrated stand-in's network), as `scripts/count_syncs.py --forward-ops`."""
+    from sjd.core import cost
+    from sjd.harness.bookkeeping import build_model, prompt_batches
+    from sjd.harness.syncs import forward_op_counts
+
+    adapter, _ = build_model("standin_lumina_512_cal")
+    (group,) = prompt_batches("standin_lumina_512_cal", 1, 1)
+    fixed, per_layer, layers = forward_op_counts(adapter, [p for p, _ in group])
+    assert layers == 2 and (fixed, per_layer) == (cost.FORWARD_OPS_FIXED, cost.FORWARD_OPS_PER_LAYER)

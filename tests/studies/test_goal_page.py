@@ -100,6 +100,26 @@ def test_the_goal_names_the_best_passing_candidate_at_each_window_with_its_verdi
     assert "| csjd_harness | harness | 16 |" in text and "| 1e-06 | - | False |" in text  # its failing audit
 
 
+def test_a_run_priced_by_the_cost_model_is_decided_on_modelled_latency_not_step_compression():
+    """Where the rows carry the modelled latency over a reference, the target is decided on it: a candidate whose
+    step compression clears 1.25x SJD-PAC's but whose modelled latency is 0.9x of it misses."""
+    rows = run_rows(spread=0.01)
+    rows["vs_sjd_pac_official_w64"] *= (
+        1.4 / rows.loc[rows["decoder"] == "csjd_pac_w64", "vs_sjd_pac_official_w64"].iloc[0]
+    )
+    for end in ("_lo", "_hi"):
+        rows[f"vs_sjd_pac_official_w64{end}"] = rows["vs_sjd_pac_official_w64"]
+    for column, value in (("modelled_vs_sjd_pac_official_w64", 0.9), ("modelled_vs_sjd_official", 1.0)):
+        rows[column], rows[f"{column}_lo"], rows[f"{column}_hi"] = value, value - 0.02, value + 0.02
+    text = section(rows)
+    assert (
+        "Window 64: the best is `csjd_pac_w64` at 0.90 (0.88-0.92) times `sjd_pac_official_w64`'s modelled latency "
+        "(Lumina-mGPT-7B on an H100, forwards graphed; sjd.harness.pricing) (1.40 (1.40-1.40) times its step "
+        "compression); the 1.25x target is missed"
+    ) in text
+    assert "| 0.90 (0.88-0.92) |" in text  # the table shows the modelled ratio beside the step compression
+
+
 def test_a_narrow_interval_above_the_target_meets_it_and_a_failing_control_voids_every_candidate():
     assert target_verdict(1.26, 1.34, 1.25).startswith("met")
     assert target_verdict(1.9, 2.1, 2.5).startswith("missed")
@@ -129,8 +149,8 @@ def test_a_powered_audit_of_the_same_decoder_and_settings_decides_audited_lossle
     # where the best passing candidate is not the one audited with power, the audited one is named too
     text = section(run_rows(), powered_rows("csjd_official", 0.42, window=16))
     assert (
-        "Window 16: the best is `csjd_official` at 2.10 (1.99-2.21) times `sjd_official`'s step compression; "
-        "the 2.5x target is missed (the interval lies below it). Its one-sample p = 0.42 on 458752 tokens"
+        "Window 16: the best is `csjd_official` at 2.10 (1.99-2.21) times `sjd_official`'s step compression (these "
+        "rows predate the cost model: rerun the command to decide on modelled latency); the 2.5x target is missed (the interval lies below it). Its one-sample p = 0.42 on 458752 tokens"
     ) in text
     rows = run_rows()
     rows.loc[rows["decoder"] == "csjd_harness", "tf_p"] = 0.3  # now the best passing at window 16, unaudited
@@ -183,7 +203,8 @@ def test_the_window_16_target_is_also_read_against_the_best_candidate_at_any_win
     # csjd_pac_w64 (5.2) is 2.6x sjd_official: the target read at SJD's window is met, by a window-64 decoder
     assert (
         "- Any window against `sjd_official` at window 16 (the target read as SJD's window, not the candidate's): "
-        "the best is `csjd_pac_w64` at window 64, 2.60 (2.47-2.73) times; the 2.5x target is not distinguishable "
+        "the best is `csjd_pac_w64` at window 64, 2.60 (2.47-2.73) times its step compression (these rows predate the "
+        "cost model: rerun the command to decide on modelled latency); the 2.5x target is not distinguishable "
         "from it at this size (the interval includes it)."
     ) in text
     rows = run_rows()
