@@ -126,12 +126,34 @@ def grow(
 def draw_chain(run: DrafterRun, root_pos: torch.Tensor, length: int, generators) -> tuple[torch.Tensor, torch.Tensor]:
     """A drafted continuation of every row after its root: `length` tokens, each a sample of the drafter's q
     given the ones before it (drawn with the row's own uniforms), and those q. Returns drafts [B, length] and
-    q [B, length, V]; past the image's end a draft is 0 with q = 0."""
-    paths = [[0] * (i + 1) for i in range(length)]
-    tree = StaticTree(run, root_pos, paths, 1, "sampled", generators).build()
-    present = tree.present[:, 1:]
-    q = tree.node_q[:, :-1] * present[..., None]
-    return torch.where(present, tree.tokens[:, 1:], 0), q
+    q [B, length, V]; past the image's end a draft is 0 with q = 0.
+
+    The chain a static tree of one path would grow (the same draws, the same drafter forwards), written as its
+    own loop: a tree's bookkeeping (node tables, ranks, a q per node) costs kernel launches a GPU pays at every
+    drafted position, and a chain needs none of it."""
+    B, device, V = len(root_pos), root_pos.device, run.layout.vocab_size
+    drafts = torch.zeros(B, length, dtype=torch.long, device=device)
+    q_all = torch.zeros(B, length, V, device=device)
+    hidden = run.h_last[:, None]  # [R, 1, H]: predicts the position after the root
+    alive = torch.ones(B, dtype=torch.bool, device=device)  # the chain so far has mass at every draft
+    sees = torch.zeros(B, 1, run.scratch, dtype=torch.bool, device=device)  # the scratch slots of the ancestors
+    drawn = None
+    for i in range(length):
+        if i:  # the drafter on the draft before: its pair goes to scratch slot i - 1
+            sees[:, 0, i - 1] = True
+            at = torch.where(alive[:, None], (root_pos + i)[:, None], -1)
+            slot = torch.full((B, 1), i - 1, dtype=torch.long, device=device)
+            hidden = run.expand(hidden, drawn, at, slot, sees.clone(), root_pos)
+        position = (root_pos + i + 1)[:, None]
+        q = run.q(hidden, position)  # [B, 1, V]
+        uniforms = torch.stack([torch.rand(q.shape[1:], generator=g, device=device) for g in generators])
+        ids, score = candidates(q, 1, "sampled", uniforms)
+        inside = (position >= 0) & (position < run.layout.n_tokens)
+        alive = alive & inside[:, 0] & (score[:, 0, 0] > float("-inf"))
+        drawn = ids[:, :, 0]
+        drafts[:, i] = torch.where(alive, drawn[:, 0], 0)
+        q_all[:, i] = q[:, 0] * alive[:, None]
+    return drafts, q_all
 
 
 class TreeGrowth:
