@@ -119,6 +119,7 @@ def cost_section(results: pd.DataFrame, commands: list[str], published: pd.DataF
         return ["## The cost model against the published latencies", "", "Not run yet: no rows in the CSV.", ""]
     rows = runs[-1]
     table = validation_table(rows, published)
+    tables_dir.mkdir(parents=True, exist_ok=True)
     table.assign(command=rows["command"].iloc[0], git_hash=rows["git_hash"].iloc[0]).to_csv(
         tables_dir / "cost_validation.csv", index=False)  # fmt: skip
     ran = table.dropna(subset=["modelled_efficiency"])
