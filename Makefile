@@ -35,16 +35,21 @@ install: $(VENV)/.installed
 run: install
 	$(PY) run.py
 
+# The suite runs in two pytest-xdist workers at one torch thread each (tests/conftest.py), sized for two cores;
+# worksteal keeps each worker on a run of neighbouring tests. `make test TEST_WORKERS=0`: one process, two threads.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
+
 test: install
-	$(PY) -m pytest
+	$(PYTEST)
 
 test-fast: install
-	$(PY) -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # The unit tier: the pure functions, every adapter's contract and every decoder's contract (tests/<package>/).
 UNIT := tests/core tests/models tests/decoders/test_decoder_contract.py tests/decoders/test_reference_sjd.py
 test-unit: install
-	$(PY) -m pytest -m "not slow" $(UNIT)
+	$(PYTEST) -m "not slow" $(UNIT)
 
 bench: install
 	$(PY) run.py prompts.n=32 decoder.window=16 experiment_name=bench_toy_sjd

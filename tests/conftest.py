@@ -15,7 +15,19 @@ from sjd.harness.config import register_resolvers
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("WANDB_MODE", "offline")
 register_resolvers()
-torch.set_num_threads(2)
+# One process (`python -m pytest`): two torch threads. Under pytest-xdist (`make test` runs two workers): one
+# thread a worker, and one for each process a test starts, so the workers do not fight over two cores. A test
+# whose numbers depend on a thread count sets that count itself (e.g. the drafter recipe checks).
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # only possible before the first inter-op work; then the default stays
+        pass
+else:
+    torch.set_num_threads(2)
 
 
 @pytest.fixture(scope="session")
@@ -55,6 +67,16 @@ def run_audit():
         return audit_report(cfg, shared)
 
     return _run
+
+
+@pytest.fixture(autouse=True)
+def _threads_restored():
+    """A test that sets torch's thread count (a drafter recipe's build sets the recipe's) leaves the next test
+    the count it found."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

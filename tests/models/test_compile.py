@@ -79,7 +79,11 @@ def engines():
     """Per model (the toy, and its noise-aware variant for SJD2): the model on the static cache, eager, and a
     second copy whose windows are compiled (once for the module: each window width compiles on first use); and
     the watch on the compiled windows. compile_windows raises dynamo's process-wide recompile limit: the patch
-    puts it back, with the fail-on-limit setting, when the module is done."""
+    puts it back, with the fail-on-limit setting, when the module is done. Dynamo starts as in a fresh process,
+    as the adapter contract's compile test does: a graph an earlier test compiled for the same window stack and
+    shape (the toy's contract test, run in this process before at one torch thread, as an xdist worker does)
+    would otherwise serve this module's first window of that shape, which would count as compiling none."""
+    torch._dynamo.reset()
     limit = torch._dynamo.config.recompile_limit
     with torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True):
         watch, out = CompiledWindows(), {}
