@@ -150,7 +150,8 @@ def test_a_powered_audit_of_the_same_decoder_and_settings_decides_audited_lossle
     text = section(run_rows(), powered_rows("csjd_official", 0.42, window=16))
     assert (
         "Window 16: the best is `csjd_official` at 2.10 (1.99-2.21) times `sjd_official`'s step compression (these "
-        "rows predate the cost model: rerun the command to decide on modelled latency); the 2.5x target is missed (the interval lies below it). Its one-sample p = 0.42 on 458752 tokens"
+        "rows predate the cost model: rerun the command to decide on modelled latency); the 2.5x target is missed "
+        "(the interval lies below it). Its one-sample p = 0.42 on 458752 tokens"
     ) in text
     rows = run_rows()
     rows.loc[rows["decoder"] == "csjd_harness", "tf_p"] = 0.3  # now the best passing at window 16, unaudited
