@@ -306,65 +306,69 @@ def summary_rows(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.
     latency, step compression; latency speedup and efficiency over the baseline and step compression
     over a reference SJD, from a paired bootstrap over prompts)."""
     samples = samples.assign(**sample_prices(samples, meta))  # priced_forwards, modelled_s (sjd.harness.pricing)
-    rows = []
-    for decoder, df in samples.groupby("decoder", sort=False):
-        hist = accept_histogram(df["accepted"])
-        n_iter = sum(hist.values())
-        rows.append(
-            {
-                "model": meta["model"],
-                "decoder": decoder,
-                "schedule": meta.get("decoder_configs", {}).get(decoder, {}).get("schedule", ""),  # "" for AR
-                "n_prompts": len(df),
-                # the intervals' units: distinct prompts (a prompt's seeds are one unit)
-                "n_captions": int(df["prompt_id"].nunique()) if "prompt_id" in df else len(df),
-                "n_tokens": float(df["n_tokens"].mean()),
-                "entropy_nats": mean_entropy(df),
-                "n_forward": float(df["n_forward"].mean()),
-                "step_compression": float(df["n_tokens"].sum() / df["n_forward"].sum()),
-                "inputs_per_token": inputs_per_token(df),
-                **drafter_costs(df),
-                "latency_s": float(df["latency_s"].mean()),
-                "prefill_s": float(df["prefill_s"].mean()),
-                "decode_s": float(df["decode_s"].mean()),
-                "image_decode_s": float(df["image_decode_s"].mean()) if "image_decode_s" in df else float("nan"),
-                "outside_model_frac": float(1 - df["model_s"].sum() / df["latency_s"].sum()),
-                "model_s": float(df["model_s"].mean()),
-                "modelled_s": float(df["modelled_s"].mean()),
-                "modelled_eager_s": float(df["modelled_eager_s"].mean()),
-                **priced_counts(df),
-                **stage_fractions(df),
-                "mean_accepted": float(sum(k * v for k, v in hist.items()) / max(n_iter, 1)),
-                "accept_hist": json.dumps(hist),
-                "peak_mem_mb": float(df["peak_mem_mb"].max()),
-                "peak_mem_kind": df["peak_mem_kind"].iloc[0],
-            }
-        )
-    summary = pd.DataFrame(rows)
-    summary["fe_compression"] = fe_compression(summary, baseline, meta.get("drafter_byte_ratio"))
-    if baseline is not None and baseline in set(summary["decoder"]):
-        base = summary.loc[summary["decoder"] == baseline].iloc[0]
-        summary["latency_speedup"] = base["latency_s"] / summary["latency_s"]
-        for engine in ("", "eager_"):  # modelled speedup over the baseline, and over the step compression
-            speedup = base[f"modelled_{engine}s"] / summary[f"modelled_{engine}s"]
-            summary[f"modelled_{engine}speedup"] = speedup
-            summary[f"modelled_{engine}efficiency"] = speedup * summary["n_forward"] / base["n_forward"]
-        summary["forward_cost"], summary["efficiency"] = forward_efficiency(summary, base)
-    else:
-        summary["latency_speedup"] = summary["forward_cost"] = summary["efficiency"] = float("nan")
-        for column in (
-            "modelled_speedup",
-            "modelled_efficiency",
-            "modelled_eager_speedup",
-            "modelled_eager_efficiency",
-        ):
-            summary[column] = float("nan")
+    rows = [decoder_row(decoder, df, meta) for decoder, df in samples.groupby("decoder", sort=False)]
+    summary = with_baseline_ratios(pd.DataFrame(rows), baseline, meta.get("drafter_byte_ratio"))
     summary = summary[SUMMARY_COLUMNS].merge(summary_intervals(samples, baseline), on="decoder", how="left")
     if isinstance(meta.get("warmup_s"), dict):  # per decoder: its warm-up (and compile) seconds
         summary["warmup_s"] = summary["decoder"].map(meta["warmup_s"])
     for key, value in meta.items():
         if key not in summary.columns:
             summary[key] = value if not isinstance(value, dict | list) else json.dumps(value, sort_keys=True)
+    return summary
+
+
+def decoder_row(decoder: str, df: pd.DataFrame, meta: dict) -> dict:
+    """One decoder's summary row from its samples (summary_rows), before any ratio to the baseline."""
+    hist = accept_histogram(df["accepted"])
+    n_iter = sum(hist.values())
+    return {
+        "model": meta["model"],
+        "decoder": decoder,
+        "schedule": meta.get("decoder_configs", {}).get(decoder, {}).get("schedule", ""),  # "" for AR
+        "n_prompts": len(df),
+        # the intervals' units: distinct prompts (a prompt's seeds are one unit)
+        "n_captions": int(df["prompt_id"].nunique()) if "prompt_id" in df else len(df),
+        "n_tokens": float(df["n_tokens"].mean()),
+        "entropy_nats": mean_entropy(df),
+        "n_forward": float(df["n_forward"].mean()),
+        "step_compression": float(df["n_tokens"].sum() / df["n_forward"].sum()),
+        "inputs_per_token": inputs_per_token(df),
+        **drafter_costs(df),
+        "latency_s": float(df["latency_s"].mean()),
+        "prefill_s": float(df["prefill_s"].mean()),
+        "decode_s": float(df["decode_s"].mean()),
+        "image_decode_s": float(df["image_decode_s"].mean()) if "image_decode_s" in df else float("nan"),
+        "outside_model_frac": float(1 - df["model_s"].sum() / df["latency_s"].sum()),
+        "model_s": float(df["model_s"].mean()),
+        "modelled_s": float(df["modelled_s"].mean()),
+        "modelled_eager_s": float(df["modelled_eager_s"].mean()),
+        **priced_counts(df),
+        **stage_fractions(df),
+        "mean_accepted": float(sum(k * v for k, v in hist.items()) / max(n_iter, 1)),
+        "accept_hist": json.dumps(hist),
+        "peak_mem_mb": float(df["peak_mem_mb"].max()),
+        "peak_mem_kind": df["peak_mem_kind"].iloc[0],
+    }
+
+
+MODELLED_RATIOS = ("modelled_speedup", "modelled_efficiency", "modelled_eager_speedup", "modelled_eager_efficiency")
+
+
+def with_baseline_ratios(summary: pd.DataFrame, baseline: str | None, drafter_price: float | None) -> pd.DataFrame:
+    """The summary with every ratio to the baseline: fe_compression, latency speedup, the modelled speedups and
+    efficiencies of both engines, forward cost and efficiency; NaN without a baseline in the run."""
+    summary["fe_compression"] = fe_compression(summary, baseline, drafter_price)
+    if baseline is None or baseline not in set(summary["decoder"]):
+        for column in ("latency_speedup", "forward_cost", "efficiency", *MODELLED_RATIOS):
+            summary[column] = float("nan")
+        return summary
+    base = summary.loc[summary["decoder"] == baseline].iloc[0]
+    summary["latency_speedup"] = base["latency_s"] / summary["latency_s"]
+    for engine in ("", "eager_"):  # modelled speedup over the baseline, and over the step compression
+        speedup = base[f"modelled_{engine}s"] / summary[f"modelled_{engine}s"]
+        summary[f"modelled_{engine}speedup"] = speedup
+        summary[f"modelled_{engine}efficiency"] = speedup * summary["n_forward"] / base["n_forward"]
+    summary["forward_cost"], summary["efficiency"] = forward_efficiency(summary, base)
     return summary
 
 
