@@ -142,6 +142,15 @@ def fe_over(rows: pd.DataFrame, candidates: pd.DataFrame, reference: str) -> lis
     return [cell(v, ".2f") for v in float(by_name.loc[reference, "n_forward"]) / priced]
 
 
+def fe_cells(rows: pd.DataFrame, candidates: pd.DataFrame, reference: str, units: float) -> list[str]:
+    """The run's own `fe_vs_<reference>` with its interval over prompts (sjd.harness.intervals); rows written
+    before the run recorded it get fe_over's point estimate from their mean forwards."""
+    column = f"fe_vs_{reference}"
+    if column in candidates and candidates[column].notna().all():
+        return ratio_cells(candidates, column, units)
+    return fe_over(rows, candidates, reference)
+
+
 def best_at(candidates: pd.DataFrame, window: int, reference: str) -> pd.Series | None:
     """The passing candidate of this forward width with the highest ratio to `reference` on the deciding measure
     (studies.goal_page.deciding_column), if any."""
@@ -210,7 +219,9 @@ def run_part(
             **{f"over {ref}": ratio_cells(candidates, f"vs_{ref}", units) for ref in goal.references.values()},
             "drafter forwards per image": forwards,
             "drafter cost per forward": cost,
-            **{f"fe compression over {ref}": fe_over(rows, candidates, ref) for ref in goal.references.values()},
+            **{
+                f"fe compression over {ref}": fe_cells(rows, candidates, ref, units) for ref in goal.references.values()
+            },
             **{
                 f"modelled over {ref}": ratio_cells(candidates, f"modelled_vs_{ref}", units)
                 for ref in goal.references.values()
@@ -256,7 +267,8 @@ def drafters_section(
         f"a reference prices the drafter as a GPU would: the reference's target forwards over the candidate's "
         f"target forwards plus its drafter forwards, each at the drafter's weight bytes over the target's for the "
         f"real architecture the stand-in stands for ({CHAMELEON_PRICE:.3f} of a forward for Chameleon-7B's drafter "
-        f"with the full head; sjd/core/cost.py); a point estimate from the run's mean forwards. `modelled over` a "
+        f"with the full head; sjd/core/cost.py); with its interval over prompts "
+        f"(a point estimate for rows written before runs recorded it). `modelled over` a "
         f"reference is the reference's modelled latency over the candidate's (Lumina-mGPT-7B on an H100, every "
         f"forward a CUDA graph, drafter forwards and the decoder's own calls and syncs priced; "
         f"sjd/harness/pricing.py, checked against the published latencies on page "
