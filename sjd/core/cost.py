@@ -74,6 +74,16 @@ def eagle_drafter(target: Architecture, head_rows: int | None = None) -> Archite
                         target.kv_heads, rows + fc_as_rows)  # fmt: skip
 
 
+def draft_heads(target: Architecture, heads: int, head_rows: int | None = None) -> Architecture:
+    """`heads` parallel draft heads of `target` (sjd.drafters.heads): each a residual block of two hidden x hidden
+    matrices on the target's last feature, then the target's LM head once over all of them (`head_rows`, the
+    target's by default). No layer, so no KV cache: a heads call reads its weights once, whatever it drafts."""
+    rows = target.head_rows if head_rows is None else head_rows
+    blocks_as_rows = heads * 2 * target.hidden  # each block reads 2 hidden x hidden weights
+    return Architecture(f"heads{heads}({target.name})", 0, target.hidden, target.intermediate, target.heads,
+                        target.kv_heads, rows + blocks_as_rows)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class GPU:
     """A GPU's datasheet figures, and the cost of a host sync on it (an assumption, to be varied)."""
@@ -173,6 +183,8 @@ class DecodeCounts:
     drafter_forwards: float = 0.0
     decoder_ops: float = 0.0  # operator calls outside the forwards, per target forward
     syncs: float = 0.0  # host syncs per target forward
+    head_forwards: float = 0.0  # calls of parallel draft heads (each drafts all its positions at once)
+    heads: int = 0  # how many heads a call runs
 
 
 def mean_context(committed: Sequence[int]) -> float:
@@ -206,6 +218,10 @@ def decode_seconds(
             raise ValueError("a decode with drafter forwards needs the drafter's architecture to be priced")
         cost = forward_cost(drafter, rows, 1, counts.context, dtype, engine.graphed)
         seconds += counts.drafter_forwards * forward_seconds(cost, gpu, engine.op_s)
+    if counts.head_forwards:
+        heads = draft_heads(target, counts.heads)
+        cost = forward_cost(heads, rows, counts.heads, counts.context, dtype, engine.graphed)
+        seconds += counts.head_forwards * forward_seconds(cost, gpu, engine.op_s)
     return seconds
 
 
@@ -224,6 +240,16 @@ def drafter_price(prices_as: str | None) -> float:
         raise ValueError(f"model.prices_as={prices_as!r}: not one of {sorted(ARCHITECTURES)} (sjd/core/cost.py)")
     arch = ARCHITECTURES[prices_as]
     return byte_ratio(eagle_drafter(arch), arch)
+
+
+def heads_price(prices_as: str | None, heads: int) -> float:
+    """A call of `heads` parallel draft heads, priced in target forwards for the architecture `prices_as` names
+    (the heads run the full LM head); NaN for None."""
+    if prices_as is None:
+        return float("nan")
+    drafter_price(prices_as)  # refuses an unknown name
+    arch = ARCHITECTURES[prices_as]
+    return byte_ratio(draft_heads(arch, heads), arch)
 
 
 def priced_forwards(target_forwards, drafter_forwards, price: float):

@@ -28,6 +28,8 @@ class WindowState:
     committed_p: torch.Tensor | None = None  # [B, K, V]: p of the last K committed positions, at pos % K
     inputs: list[int] | None = None  # window inputs forwarded after the prefill (the forwards' compute)
     drafter_forwards: torch.Tensor | None = None  # [B] a trained drafter's forwards per row (sjd.decoders.drafted)
+    head_forwards: list[int] | None = None  # draft-head calls per row (sjd.decoders.headed) ...
+    heads: int = 0  # ... each running this many heads
     read_counts: Callable[[torch.Tensor], list[int]] = torch.Tensor.tolist  # brings per-row counts to the host
 
     @classmethod
@@ -95,6 +97,9 @@ class WindowState:
         result.extras["window_inputs"] = list(self.inputs)
         if self.drafter_forwards is not None:
             result.extras["drafter_forwards"] = self.drafter_forwards.tolist()
+        if self.head_forwards is not None:
+            result.extras["head_forwards"] = list(self.head_forwards)
+            result.extras["heads"] = [self.heads] * len(self.head_forwards)
         return result
 
     def end_with_next_token(self, b: int, n: int, n_acc: int, token: torch.Tensor, p: torch.Tensor) -> int:

@@ -7,7 +7,8 @@ counted in the run (counting them slows every call): they come from results/sync
 `scripts/count_syncs.py` counted once per decoder config, cache and window. A run's decoder is matched to the
 counted config of its class whose settings agree with it most, at the nearest window.
 
-Per sample: `priced_forwards` (target forwards plus drafter forwards at the drafter's byte ratio), the counts a GPU
+Per sample: `priced_forwards` (target forwards plus drafter forwards at the drafter's byte ratio, and draft-head
+calls at the heads' byte ratio), the counts a GPU
 pays for (mean context and width of the target forwards, the decoder's calls and syncs per iteration) and `modelled_s`
 (seconds on DEFAULT_GPU under DEFAULT_ENGINE, `graphed`) and `modelled_eager_s` (the same GPU, eager). The summary
 keeps the counts, so a page can price a row on any GPU and engine of sjd.core.cost (`modelled_seconds`). All are NaN
@@ -34,6 +35,7 @@ from sjd.core.cost import (
     decode_seconds,
     drafter_price,
     eagle_drafter,
+    heads_price,
     mean_context,
     priced_forwards,
 )
@@ -107,7 +109,11 @@ def sample_prices(samples: pd.DataFrame, meta: dict, gpu: str = DEFAULT_GPU) -> 
     extras = samples["extras"] if "extras" in samples else pd.Series([{}] * len(samples), index=samples.index)
     extras = extras.map(lambda e: e if isinstance(e, dict) else {})
     drafted = extras.map(lambda e: float(e.get("drafter_forwards", 0.0)))
-    out["priced_forwards"] = priced_forwards(samples["n_forward"].astype(float), drafted, drafter_price(name))
+    head_calls = extras.map(lambda e: float(e.get("head_forwards", 0.0)))
+    heads = extras.map(lambda e: int(e.get("heads", 0)))
+    heads_cost = head_calls * heads.map(lambda k: heads_price(name, k) if k else 0.0)
+    target_and_drafter = priced_forwards(samples["n_forward"].astype(float), drafted, drafter_price(name))
+    out["priced_forwards"] = target_and_drafter + heads_cost
     out["priced_context"] = samples["accepted"].map(mean_context)
     inputs = extras.map(lambda e: e.get("window_inputs", np.nan)).astype(float)
     out["priced_width"] = (inputs / samples["n_forward"]).fillna(1.0).clip(lower=1.0)
@@ -117,7 +123,8 @@ def sample_prices(samples: pd.DataFrame, meta: dict, gpu: str = DEFAULT_GPU) -> 
         ops, syncs = decoder_overheads(classes.get(decoder, ""), configs.get(decoder, {}), cache)
         mine = samples["decoder"] == decoder
         out.loc[mine, "decoder_ops_per_iter"], out.loc[mine, "syncs_per_iter"] = ops, syncs
-    counts = out.assign(drafter_forwards=drafted, forwards=samples["n_forward"].astype(float))
+    counts = out.assign(drafter_forwards=drafted, head_forwards=head_calls, heads=heads,
+                        forwards=samples["n_forward"].astype(float))  # fmt: skip
     for column, engine in MODELLED.items():
         out[column] = [modelled_seconds(row, name, cfg_rows(meta), gpu, engine) for _, row in counts.iterrows()]
     return out
@@ -127,14 +134,19 @@ def modelled_seconds(
     row: pd.Series, prices_as: str, rows: int, gpu: str = DEFAULT_GPU, engine: str = DEFAULT_ENGINE
 ) -> float:
     """One image's modelled decode seconds from a sample's or a summary row's counts (`forwards` or `n_forward`,
-    the COUNT_COLUMNS and `drafter_forwards`), priced as `prices_as` on `gpu` under `engine`."""
+    the COUNT_COLUMNS, `drafter_forwards` and, for draft heads, `head_forwards` and `heads`), priced as
+    `prices_as` on `gpu` under `engine`."""
     target = ARCHITECTURES[prices_as]
     drafted = row.get("drafter_forwards", 0.0)
+    head_calls, heads = row.get("head_forwards", 0.0), row.get("heads", 0)
+    head_calls = 0.0 if pd.isna(head_calls) else float(head_calls)
     counts = DecodeCounts(
         forwards=float(row["forwards"] if "forwards" in row else row["n_forward"]),
         context=float(row["priced_context"]),
         width=float(row["priced_width"]),
         drafter_forwards=0.0 if pd.isna(drafted) else float(drafted),
+        head_forwards=head_calls,
+        heads=int(heads) if head_calls else 0,
         decoder_ops=float(row["decoder_ops_per_iter"]),
         syncs=float(row["syncs_per_iter"]),
     )

@@ -49,6 +49,9 @@ SUMMARY_COLUMNS = [
     "efficiency",
     "drafter_forwards",
     "drafter_cost",
+    "head_forwards",
+    "heads",
+    "priced_forwards",
     "fe_compression",
     "modelled_s",
     "modelled_speedup",
@@ -167,6 +170,15 @@ def drafter_costs(df: pd.DataFrame) -> dict[str, float]:
     per_drafter = drafter_s / max(sum(counts), 1)
     per_target = float(df["model_s"].sum() / df["n_forward"].sum())
     return {"drafter_forwards": float(sum(counts) / len(counts)), "drafter_cost": per_drafter / per_target}
+
+
+def head_counts(df: pd.DataFrame) -> dict[str, float]:
+    """Draft-head calls per image and heads per call, where the decoder has heads (NaN elsewhere)."""
+    extras = [e if isinstance(e, dict) else {} for e in df.get("extras", [])]
+    if not extras or any("head_forwards" not in e for e in extras):
+        return {"head_forwards": float("nan"), "heads": float("nan")}
+    return {"head_forwards": float(np.mean([e["head_forwards"] for e in extras])),
+            "heads": float(max(e.get("heads", 0) for e in extras))}  # fmt: skip
 
 
 def row_extras(extras: dict[str, Any], row: int, batch: int) -> dict[str, Any]:
@@ -334,6 +346,8 @@ def decoder_row(decoder: str, df: pd.DataFrame, meta: dict) -> dict:
         "step_compression": float(df["n_tokens"].sum() / df["n_forward"].sum()),
         "inputs_per_token": inputs_per_token(df),
         **drafter_costs(df),
+        **head_counts(df),
+        "priced_forwards": float(df["priced_forwards"].mean()),
         "latency_s": float(df["latency_s"].mean()),
         "prefill_s": float(df["prefill_s"].mean()),
         "decode_s": float(df["decode_s"].mean()),
@@ -383,7 +397,12 @@ def fe_compression(summary: pd.DataFrame, baseline: str | None, drafter_price: f
 
     base = float(summary.loc[summary["decoder"] == baseline, "n_forward"].iloc[0])
     price = float("nan") if drafter_price is None else float(drafter_price)
-    return base / priced_forwards(summary["n_forward"], summary["drafter_forwards"], price)
+    priced = priced_forwards(summary["n_forward"], summary["drafter_forwards"], price)
+    if "priced_forwards" in summary:  # the samples' own, draft heads included, where the model has a price
+        priced = summary["priced_forwards"].where(summary["priced_forwards"].notna(), priced)
+    if "head_forwards" in summary:  # heads on a model with no price: not comparable
+        priced = priced.where((summary["head_forwards"].fillna(0) == 0) | summary["priced_forwards"].notna())
+    return base / priced
 
 
 def priced_counts(df: pd.DataFrame) -> dict[str, float]:

@@ -22,11 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def audit_overrides(name: str) -> list[str] | None:
     """The audit's overrides for conf/decoder/<name>.yaml, or None where the decoder does not claim to be lossless
-    (the claim is the class's and its settings', not the drafter's weights: a drafter config is built with an
-    untrained one to ask)."""
+    (the claim is the class's and its settings', not the drafter's weights: a drafter or heads config is built with
+    untrained ones to ask)."""
     cfg = decoder_config(name)
-    if "drafter" in cfg:
-        cfg.drafter.weights = "random"
+    for part in ("drafter", "heads"):
+        if part in cfg:
+            cfg[part].weights = "random"
     decoder = instantiate(cfg)
     if not decoder.lossless:
         return None
@@ -45,7 +46,19 @@ SETTINGS = {
 
 def test_the_audit_finds_every_lossless_decoder_config():
     """What discovery must find: the decoders of every family that claims exactness, AR among them."""
-    assert {"ar", "sjd", "csjd", "scd", "jacobi", "sjd_pac", "csjd_pac", "eagle", "sjd_drafter"} <= set(FOUND)
+    assert {
+        "ar",
+        "sjd",
+        "csjd",
+        "scd",
+        "jacobi",
+        "sjd_pac",
+        "csjd_pac",
+        "eagle",
+        "sjd_drafter",
+        "sjd_heads",
+        "csjd_pac_heads",
+    } <= set(FOUND)
     assert not {"gsd", "lantern", "pjd", "zipar", "sjd2"} & set(FOUND)  # lossy, or lossy as configured
 
 

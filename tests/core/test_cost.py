@@ -15,10 +15,12 @@ from sjd.core.cost import (
     DecodeCounts,
     byte_ratio,
     decode_seconds,
+    draft_heads,
     eagle_drafter,
     fit_op_seconds,
     forward_cost,
     forward_seconds,
+    heads_price,
     mean_context,
     roofline_seconds,
 )
@@ -66,6 +68,24 @@ def test_the_eager_op_cost_is_the_fit_of_the_recorded_gpu_forward():
     fitted = fit_op_seconds(row["median_ms"] / 1e3, CHAMELEON, GPUS["H200"], 2, 1, int(row["context"]))
     assert EAGER_OP_S == pytest.approx(fitted, rel=1e-3)
     assert ENGINES["eager"].op_s == EAGER_OP_S and not ENGINES["eager"].graphed
+
+
+def test_a_heads_call_costs_its_blocks_and_one_pass_of_the_head():
+    """Four heads on Chameleon-7B: 4 x 2 x 4096^2 block weights and the 65,536-row head read once, 0.0597 of a
+    target forward by bytes (0.0249 with the head cut to the 8,192 image codes); no layer, so no KV cache."""
+    heads = draft_heads(CHAMELEON, 4)
+    assert heads.parameters == 4 * 2 * 4096**2 + 65536 * 4096 and heads.kv_bytes_per_token("bfloat16") == 0
+    assert heads_price("chameleon_7b", 4) == pytest.approx(byte_ratio(heads, CHAMELEON))
+    assert heads_price("chameleon_7b", 4) == pytest.approx(0.0597, abs=5e-4)
+    assert byte_ratio(draft_heads(CHAMELEON, 4, head_rows=8192), CHAMELEON) == pytest.approx(0.0249, abs=5e-4)
+    with pytest.raises(ValueError, match="model.prices_as"):
+        heads_price("no_such_model", 4)
+    h100, graphed = GPUS["H100"], ENGINES["graphed"]
+    base = DecodeCounts(forwards=5, context=100, width=16)
+    headed = DecodeCounts(forwards=5, context=100, width=16, head_forwards=5, heads=4)
+    one_call = roofline_seconds(forward_cost(heads, 2, 4, 100), h100) + graphed.op_s
+    assert decode_seconds(headed, CHAMELEON, h100, graphed, 2) == pytest.approx(
+        decode_seconds(base, CHAMELEON, h100, graphed, 2) + 5 * one_call)  # fmt: skip
 
 
 def test_a_decode_costs_its_forwards_at_their_mean_context_and_its_own_calls():

@@ -30,6 +30,11 @@ def test_every_model_and_decoder_composes(compose_cfg, model, decoder):
         with pytest.raises(Exception, match=r"needs a trained drafter: set `decoder\.drafter\.weights`"):
             instantiate(cfg.decoder)
         d = instantiate(cfg.decoder, drafter={"weights": "random"})
+    elif "heads" in cfg.decoder and cfg.model.get("heads") is None:
+        # a heads decoder on a model with no shipped heads stops at once, naming the key to set
+        with pytest.raises(Exception, match=r"needs draft heads: set `decoder\.heads\.weights`"):
+            instantiate(cfg.decoder)
+        d = instantiate(cfg.decoder, heads={"weights": "random"})
     else:
         d = instantiate(cfg.decoder)
     assert d.name == decoder
@@ -48,7 +53,8 @@ def test_a_decoder_constructors_defaults_are_its_own_configs():
         if defaults.get("name") != name:
             continue
         checked += 1
-        differ = {k: (v, config.get(k)) for k, v in defaults.items() if k != "drafter" and config.get(k, v) != v}
+        own = {k: v for k, v in defaults.items() if k not in ("drafter", "heads")}
+        differ = {k: (v, config.get(k)) for k, v in own.items() if config.get(k, v) != v}
         assert not differ, f"{name}: constructor default vs conf/decoder/{name}.yaml: {differ}"
     assert checked >= 15, checked
 
@@ -194,6 +200,7 @@ SHARED_NAMES = [
     ("regime_drafters", "regime_map", ["decoder.window=64", "model=standin_lumina_512_cal"]),
     ("drafters", "beyond_sjd_pac", []),
     ("drafters_confirm", "drafters", []),
+    ("heads", "drafters", []),
 ]
 
 

@@ -8,7 +8,16 @@ import pandas as pd
 import pytest
 from test_run import run_py
 
-from sjd.core.cost import ARCHITECTURES, ENGINES, GPUS, DecodeCounts, decode_seconds, drafter_price, eagle_drafter
+from sjd.core.cost import (
+    ARCHITECTURES,
+    ENGINES,
+    GPUS,
+    DecodeCounts,
+    decode_seconds,
+    drafter_price,
+    eagle_drafter,
+    heads_price,
+)
 from sjd.harness.decoder_configs import decoder_config
 from sjd.harness.pricing import counted_overheads, decoder_overheads, sample_prices
 from sjd.harness.results import summary_rows
@@ -16,8 +25,9 @@ from sjd.harness.results import summary_rows
 CHAMELEON = ARCHITECTURES["chameleon_7b"]
 META = {"model": "standin", "prices_as": "chameleon_7b", "drafter_byte_ratio": drafter_price("chameleon_7b"),
         "sampling": {"cfg_scale": 3.0},
-        "decoder_classes": {"ar": "ARDecoder", "sjd": "SJDDecoder", "hybrid": "SJDDrafterDecoder"},
-        "decoder_configs": {"sjd": {"window": 16}, "hybrid": {"window": 16}}}  # fmt: skip
+        "decoder_classes": {"ar": "ARDecoder", "sjd": "SJDDecoder", "hybrid": "SJDDrafterDecoder",
+                            "headed": "SJDHeadsDecoder"},
+        "decoder_configs": {"sjd": {"window": 16}, "hybrid": {"window": 16}, "headed": {"window": 16}}}  # fmt: skip
 
 
 def counted(name: str, window: float | None) -> tuple[float, float]:
@@ -63,6 +73,27 @@ def test_a_sample_is_priced_by_its_forwards_contexts_width_drafter_and_decoder_c
     assert prices.iloc[0]["priced_width"] == 1.0  # AR: one input a forward (the prefill's counted as one)
     unpriced = sample_prices(table, {**META, "prices_as": None})
     assert unpriced.isna().all().all()
+
+
+def test_a_heads_call_is_priced_at_the_heads_bytes_in_the_sample_and_its_summary():
+    """8 target forwards and 8 calls of 4 heads: priced forwards 8 + 8 x the heads' byte ratio, the modelled time
+    the decode's with the calls, and the summary's fe_compression from those priced forwards; on a model with no
+    real architecture a heads row has no fe_compression (nothing prices its calls)."""
+    table = pd.DataFrame(rows("ar", [1] * 64, {"window_inputs": 63})
+                         + rows("headed", [8] * 8, {"window_inputs": 112, "head_forwards": 8, "heads": 4}))  # fmt: skip
+    prices = sample_prices(table, META)
+    headed = prices.iloc[-1]
+    assert headed["priced_forwards"] == pytest.approx(8 + 8 * heads_price("chameleon_7b", 4))
+    ops, syncs = decoder_overheads("SJDHeadsDecoder", {"window": 16}, "dynamic")
+    counts = DecodeCounts(8, 28.0, 14.0, head_forwards=8, heads=4, decoder_ops=ops, syncs=syncs)
+    by_hand = decode_seconds(counts, CHAMELEON, GPUS["H100"], ENGINES["graphed"], 2)
+    if not math.isnan(ops):
+        assert headed["modelled_s"] == pytest.approx(by_hand)
+    summary = summary_rows(table, "ar", META).set_index("decoder")
+    assert summary.loc["headed", "heads"] == 4 and summary.loc["headed", "head_forwards"] == 8
+    assert summary.loc["headed", "fe_compression"] == pytest.approx(64 / (8 + 8 * heads_price("chameleon_7b", 4)))
+    unpriced = summary_rows(table, "ar", {**META, "prices_as": None}).set_index("decoder")
+    assert math.isnan(unpriced.loc["headed", "fe_compression"]) and unpriced.loc["ar", "fe_compression"] == 1.0
 
 
 def test_the_summary_sets_modelled_speedup_beside_step_compression_with_paired_intervals():

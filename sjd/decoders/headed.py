@@ -1,0 +1,126 @@
+"""Window decoders whose next drafts come from parallel draft heads: our exact variants of the head family.
+
+Hawk and SSD draft many positions in one forward with heads trained on the target's features (docs/algorithms.md
+§12.8). Here the heads (sjd.drafters.heads) only propose: after every commit, one heads call on the target's feature
+at the slot that predicted the last committed token redraws the positions `offsets` after it, each a fresh sample
+of its head's q, recorded with that q. Those drafts replace the carried ones there (a position right after the
+carried drafts extends them); every other position keeps the decoder's own carried draft. Unlike the trained
+drafter's continuation (sjd.decoders.drafted), the heads cost one call whatever they draft: no sequential drafter
+forwards.
+
+Exact: a head's q depends only on committed tokens (through the feature), and each replaced draft is a fresh draw
+from it, made before the target sees it, so speculative verification of the window with the recorded q is the
+usual one; the carried drafts further out were drawn before and independently of these (the argument of
+sjd.decoders.drafted). The micro-model audit and the one-sample audit hold each variant to it.
+
+- `sjd_heads`: SJD (sjd.decoders.sjd) with the heads;
+- `csjd_pac_heads`: our SJD-PAC combination (sjd.decoders.sjd_pac), whose siblings at the first carried drafts are
+  then drawn without replacement from a head's q.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sjd.decoders.sjd import SJDDecoder
+from sjd.decoders.sjd_pac import SJDPACDecoder
+from sjd.decoders.window import WindowCall, WindowStep
+from sjd.decoders.window_state import WindowState
+from sjd.drafters.heads import check_heads_setting, draw_from_heads, heads_record, load_heads
+from sjd.models.base import ModelAdapter
+from sjd.types import FEATURES
+
+
+@dataclass(eq=False, kw_only=True)
+class HeadsContinuation:
+    """Mixin before a window decoder class: the heads' settings and the two hooks they fill (`begin`,
+    `after_commit`)."""
+
+    heads: dict | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        heads = dict(self.heads or {})
+        unknown = sorted(set(heads) - {"weights"})
+        if unknown:
+            raise ValueError(f"decoder.heads: unknown setting(s) {unknown} (settings: weights)")
+        check_heads_setting(heads.get("weights"), self.name)
+        self.heads = {"weights": str(heads["weights"])}
+
+    def config(self) -> dict:
+        out = super().config()
+        out["heads"] = {**self.heads, "record": heads_record(self.heads["weights"])}
+        return out
+
+    def check(self, adapter: ModelAdapter) -> None:
+        super().check(adapter)
+        load_heads(adapter, self.heads["weights"])
+
+    def networks(self, adapter: ModelAdapter) -> dict[str, torch.nn.Module]:
+        return {"heads": load_heads(adapter, self.heads["weights"])}
+
+    def begin(self, state: WindowState, call: WindowCall) -> None:
+        super().begin(state, call)
+        heads = load_heads(call.adapter, self.heads["weights"])
+        state.head_forwards, state.heads = [0] * len(state.committed), len(heads.offsets)
+        features = call.clock.prefill_features.hidden[:, -1]  # the prompt's last slot predicts position 0
+        self.redraft(state, call, features)
+
+    def after_commit(self, step: WindowStep) -> None:
+        super().after_commit(step)
+        state, call = step.state, step.call
+        if all(n >= state.tokens.shape[1] for n in state.committed):
+            return
+        device = state.tokens.device
+        committed = torch.as_tensor(state.committed, device=device)
+        previous = torch.as_tensor(state.previous, device=device)
+        last = (committed - previous - 1).clamp(min=0, max=step.slots.shape[1] - 1)  # the last committed token's
+        slot = step.slots.gather(1, last[:, None])[:, 0]  # ... input-before slot, whose feature predicts it
+        hidden = step.logits.features.hidden
+        copies = hidden.shape[0] // len(state.committed)
+        rows = torch.arange(hidden.shape[0], device=device)
+        self.redraft(state, call, hidden[rows, slot.repeat(copies)])
+
+    def redraft(self, state: WindowState, call: WindowCall, features: torch.Tensor) -> None:
+        """One heads call on `features` [R, H], each row's predicting its last committed position: the drafts
+        at `offsets` after it replace (or extend) the row's carried drafts."""
+        heads = load_heads(call.adapter, self.heads["weights"])
+        committed = state.committed
+        predicts = torch.as_tensor(committed, device=features.device) - 1
+        positions, drafts, q = draw_from_heads(heads, call.adapter, call.sampling, features, predicts, call.generators)
+        call.clock.lap("drafter")
+        N = state.tokens.shape[1]
+        for b, n in enumerate(committed):
+            if n >= N:
+                continue
+            state.head_forwards[b] += 1
+            carried, carried_q = state.carried[b], state.carried_q[b]
+            for k in sorted(range(len(heads.offsets)), key=lambda k: heads.offsets[k]):
+                index = int(heads.offsets[k]) - 1  # positions[b, k] - committed: predicts = committed - 1
+                if n + index >= N or index > len(carried):
+                    break
+                if index == len(carried):
+                    carried = torch.cat([carried, drafts[b, k : k + 1]])
+                    carried_q = torch.cat([carried_q, q[b, k : k + 1]])
+                else:
+                    if carried is state.carried[b]:
+                        carried, carried_q = carried.clone(), carried_q.clone()
+                    carried[index], carried_q[index] = drafts[b, k], q[b, k]
+            state.carried[b], state.carried_q[b] = carried, carried_q
+
+
+@dataclass(eq=False, kw_only=True)
+class SJDHeadsDecoder(HeadsContinuation, SJDDecoder):
+    requires = SJDDecoder.requires | {FEATURES}
+
+    name: str = "sjd_heads"
+    verification: str = field(default="token", init=False)
+
+
+@dataclass(eq=False, kw_only=True)
+class SJDPACHeadsDecoder(HeadsContinuation, SJDPACDecoder):
+    requires = SJDPACDecoder.requires | {FEATURES}
+
+    name: str = "csjd_pac_heads"
