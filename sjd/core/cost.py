@@ -41,6 +41,7 @@ class Architecture:
     heads: int
     kv_heads: int
     head_rows: int  # rows of the LM head the forward computes (the vocabulary, or the image codes kept)
+    code_rows: int = 0  # of them, the image codes' (what a drafter's `head: codes` computes); 0: all of them
 
     @property
     def layer_parameters(self) -> int:
@@ -60,9 +61,17 @@ class Architecture:
 # The real architectures the calibrated stand-ins stand for, from their released configurations.
 ARCHITECTURES = {
     # Lumina-mGPT 7B and Anole 7B are Chameleon-7B: its head has 65,536 rows, of which 8,192 are image codes.
-    "chameleon_7b": Architecture("chameleon_7b", 32, 4096, 11008, 32, 32, 65536),
-    "llamagen_xl": Architecture("llamagen_xl", 36, 1280, 3584, 20, 20, 16384),
+    "chameleon_7b": Architecture("chameleon_7b", 32, 4096, 11008, 32, 32, 65536, code_rows=8192),
+    "llamagen_xl": Architecture("llamagen_xl", 36, 1280, 3584, 20, 20, 16384),  # its head is all codes
 }
+
+
+def draft_head_rows(target: Architecture, head: str) -> int:
+    """The LM head rows a drafter or draft heads compute: the target's every row (`full`) or its image codes'
+    (`codes`, sjd.drafters.checkpoint.DRAFT_HEADS)."""
+    if head not in ("full", "codes"):
+        raise ValueError(f"a draft head is full or codes, got {head!r}")
+    return (target.code_rows or target.head_rows) if head == "codes" else target.head_rows
 
 
 def eagle_drafter(target: Architecture, head_rows: int | None = None) -> Architecture:
@@ -185,6 +194,7 @@ class DecodeCounts:
     syncs: float = 0.0  # host syncs per target forward
     head_forwards: float = 0.0  # calls of parallel draft heads (each drafts all its positions at once)
     heads: int = 0  # how many heads a call runs
+    draft_head_rows: int | None = None  # LM head rows the heads compute (None: the target's every row)
 
 
 def mean_context(committed: Sequence[int]) -> float:
@@ -219,7 +229,7 @@ def decode_seconds(
         cost = forward_cost(drafter, rows, 1, counts.context, dtype, engine.graphed)
         seconds += counts.drafter_forwards * forward_seconds(cost, gpu, engine.op_s)
     if counts.head_forwards:
-        heads = draft_heads(target, counts.heads)
+        heads = draft_heads(target, counts.heads, counts.draft_head_rows)
         cost = forward_cost(heads, rows, counts.heads, counts.context, dtype, engine.graphed)
         seconds += counts.head_forwards * forward_seconds(cost, gpu, engine.op_s)
     return seconds
@@ -231,25 +241,25 @@ def byte_ratio(drafter: Architecture, target: Architecture) -> float:
     return drafter.parameters / target.parameters
 
 
-def drafter_price(prices_as: str | None) -> float:
-    """An EAGLE drafter forward's price in target forwards for the architecture `prices_as` names (the drafters
-    compute the full LM head); NaN for None. An unknown name is refused, naming the key."""
+def drafter_price(prices_as: str | None, head: str = "full") -> float:
+    """An EAGLE drafter forward's price in target forwards for the architecture `prices_as` names, its LM head
+    `full` or cut to the image `codes`; NaN for None. An unknown name is refused, naming the key."""
     if prices_as is None:
         return float("nan")
     if prices_as not in ARCHITECTURES:
         raise ValueError(f"model.prices_as={prices_as!r}: not one of {sorted(ARCHITECTURES)} (sjd/core/cost.py)")
     arch = ARCHITECTURES[prices_as]
-    return byte_ratio(eagle_drafter(arch), arch)
+    return byte_ratio(eagle_drafter(arch, draft_head_rows(arch, head)), arch)
 
 
-def heads_price(prices_as: str | None, heads: int) -> float:
-    """A call of `heads` parallel draft heads, priced in target forwards for the architecture `prices_as` names
-    (the heads run the full LM head); NaN for None."""
+def heads_price(prices_as: str | None, heads: int, head: str = "full") -> float:
+    """A call of `heads` parallel draft heads, priced in target forwards for the architecture `prices_as` names,
+    their LM head `full` or cut to the image `codes`; NaN for None."""
     if prices_as is None:
         return float("nan")
     drafter_price(prices_as)  # refuses an unknown name
     arch = ARCHITECTURES[prices_as]
-    return byte_ratio(draft_heads(arch, heads), arch)
+    return byte_ratio(draft_heads(arch, heads, draft_head_rows(arch, head)), arch)
 
 
 def priced_forwards(target_forwards, drafter_forwards, price: float):

@@ -28,7 +28,7 @@ from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.sjd_pac import SJDPACDecoder
 from sjd.decoders.window import WindowCall, WindowStep
 from sjd.decoders.window_state import WindowState
-from sjd.drafters.checkpoint import check_weights_setting, load_drafter, training_record
+from sjd.drafters.checkpoint import drafter_settings, load_drafter, training_record
 from sjd.drafters.drafter import DrafterRun
 from sjd.drafters.tree import draw_chain
 from sjd.models.base import ModelAdapter
@@ -45,21 +45,17 @@ class DraftedCall(WindowCall):
 @dataclass(eq=False, kw_only=True)
 class DrafterContinuation:
     """Mixin before a window decoder class: the drafter's settings and the two hooks it fills (`begin`,
-    `after_commit`). `continuation` is how many positions after each commit the drafter drafts."""
+    `after_commit`). `continuation` is how many positions after each commit the drafter drafts; the drafter runs
+    the image codes' rows of the LM head by default (`decoder.drafter.head`)."""
 
     drafter: dict | None = None
     continuation: int = 4
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        drafter = dict(self.drafter or {})
-        unknown = sorted(set(drafter) - {"weights"})
-        if unknown:
-            raise ValueError(f"decoder.drafter: unknown setting(s) {unknown} (settings: weights)")
-        check_weights_setting(drafter.get("weights"), self.name)
+        self.drafter = drafter_settings(self.drafter, self.name, "codes")
         if self.continuation < 1:
             raise ValueError(f"decoder.continuation must be >= 1, got {self.continuation}")
-        self.drafter = {"weights": str(drafter["weights"])}
 
     def config(self) -> dict:
         out = super().config()
@@ -81,7 +77,13 @@ class DrafterContinuation:
         super().begin(state, call)
         net = load_drafter(call.adapter, self.drafter["weights"])
         call.drafter = DrafterRun(
-            net, call.adapter, call.sampling, len(state.committed), self.continuation, call.clock.lap
+            net,
+            call.adapter,
+            call.sampling,
+            len(state.committed),
+            self.continuation,
+            call.clock.lap,
+            code_head=self.drafter["head"] == "codes",
         )
         call.drafter.start(call.clock.prefill_features, state.tokens[:, 0])
         self.continue_drafts(state, call)

@@ -32,7 +32,7 @@ from sjd.core.sampling import SamplingConfig, logits_to_probs
 from sjd.core.tree_verify import TreeWalk, sample_and_descend, walk_tree
 from sjd.core.verify import recursive_rejection, without_replacement_q
 from sjd.decoders.base import DecodeCall, Decoder, DecodeResult, ForwardClock
-from sjd.drafters.checkpoint import check_weights_setting, load_drafter, training_record
+from sjd.drafters.checkpoint import drafter_settings, load_drafter, training_record
 from sjd.drafters.drafter import DrafterRun
 from sjd.drafters.tree import CHILDREN, STATIC_SHAPES, DraftTree, check_static_shape, grow
 from sjd.models.base import ModelAdapter
@@ -52,11 +52,7 @@ class EagleDecoder(Decoder):
         total_tokens: int = 60,
         children: str = "top_k",
     ) -> None:
-        drafter = dict(drafter or {})
-        unknown = sorted(set(drafter) - {"weights"})
-        if unknown:
-            raise ValueError(f"decoder.drafter: unknown setting(s) {unknown} (settings: weights)")
-        check_weights_setting(drafter.get("weights"), name)
+        drafter = drafter_settings(drafter, name, "full")  # the published drafters run the full head
         if tree != "dynamic":
             check_static_shape(tree)
         if children not in CHILDREN:
@@ -75,7 +71,7 @@ class EagleDecoder(Decoder):
                 f"decoder.depth and decoder.top_k must be >= 1 and decoder.total_tokens >= 2, got {depth}, {top_k}, "
                 f"{total_tokens}"
             )
-        self.name, self.drafter = name, {"weights": str(drafter["weights"])}
+        self.name, self.drafter = name, drafter
         self.tree, self.depth, self.top_k, self.total_tokens, self.children = tree, depth, top_k, total_tokens, children
 
     def config(self) -> dict:
@@ -104,7 +100,13 @@ class EagleDecoder(Decoder):
         tokens = torch.zeros(B, N, dtype=torch.long, device=device)
         tokens[:, 0] = clock.start(prompts, sampling, generators)
         run = DrafterRun(
-            load_drafter(adapter, self.drafter["weights"]), adapter, sampling, B, self.scratch(), clock.lap
+            load_drafter(adapter, self.drafter["weights"]),
+            adapter,
+            sampling,
+            B,
+            self.scratch(),
+            clock.lap,
+            code_head=self.drafter["head"] == "codes",
         )
         run.start(clock.prefill_features, tokens[:, 0])
         committed = torch.ones(B, dtype=torch.long, device=device)

@@ -28,6 +28,7 @@ from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.sjd_pac import SJDPACDecoder
 from sjd.decoders.window import WindowCall, WindowStep
 from sjd.decoders.window_state import WindowState
+from sjd.drafters.checkpoint import check_draft_head
 from sjd.drafters.heads import check_heads_setting, draw_from_heads, heads_record, load_heads
 from sjd.models.base import ModelAdapter
 from sjd.types import FEATURES
@@ -35,19 +36,20 @@ from sjd.types import FEATURES
 
 @dataclass(eq=False, kw_only=True)
 class HeadsContinuation:
-    """Mixin before a window decoder class: the heads' settings and the two hooks they fill (`begin`,
-    `after_commit`)."""
+    """Mixin before a window decoder class: the heads' settings (`weights`; `head`, the LM head's rows they run:
+    the image codes' by default) and the two hooks they fill (`begin`, `after_commit`)."""
 
     heads: dict | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         heads = dict(self.heads or {})
-        unknown = sorted(set(heads) - {"weights"})
+        unknown = sorted(set(heads) - {"weights", "head"})
         if unknown:
-            raise ValueError(f"decoder.heads: unknown setting(s) {unknown} (settings: weights)")
+            raise ValueError(f"decoder.heads: unknown setting(s) {unknown} (settings: weights, head)")
         check_heads_setting(heads.get("weights"), self.name)
-        self.heads = {"weights": str(heads["weights"])}
+        head = check_draft_head(str(heads.get("head", "codes")), "decoder.heads.head")
+        self.heads = {"weights": str(heads["weights"]), "head": head}
 
     def config(self) -> dict:
         out = super().config()
@@ -89,7 +91,10 @@ class HeadsContinuation:
         heads = load_heads(call.adapter, self.heads["weights"])
         committed = state.committed
         predicts = torch.as_tensor(committed, device=features.device) - 1
-        positions, drafts, q = draw_from_heads(heads, call.adapter, call.sampling, features, predicts, call.generators)
+        code_head = self.heads["head"] == "codes"
+        positions, drafts, q = draw_from_heads(
+            heads, call.adapter, call.sampling, features, predicts, call.generators, code_head
+        )
         call.clock.lap("drafter")
         N = state.tokens.shape[1]
         for b, n in enumerate(committed):

@@ -86,6 +86,29 @@ def check_weights_setting(weights: str | None, decoder: str, key: str = WEIGHTS_
         )
 
 
+DRAFT_HEADS = ("full", "codes")  # the LM head a drafter or draft heads run: every row, or the image codes' rows
+
+
+def check_draft_head(head: str, key: str) -> str:
+    """`full` (the target's whole LM head, as the published drafters run it) or `codes` (only the image codes'
+    rows, ModelAdapter.code_head: the same q, fewer bytes)."""
+    if head not in DRAFT_HEADS:
+        raise ValueError(f"{key} must be one of {DRAFT_HEADS}, got {head!r}")
+    return head
+
+
+def drafter_settings(drafter: dict | None, decoder: str, default_head: str) -> dict:
+    """`decoder.drafter` of a drafter decoder, checked before any model loads: `weights` (check_weights_setting)
+    and `head` (check_draft_head; `default_head` when absent)."""
+    drafter = dict(drafter or {})
+    unknown = sorted(set(drafter) - {"weights", "head"})
+    if unknown:
+        raise ValueError(f"decoder.drafter: unknown setting(s) {unknown} (settings: weights, head)")
+    check_weights_setting(drafter.get("weights"), decoder)
+    head = check_draft_head(str(drafter.get("head", default_head)), "decoder.drafter.head")
+    return {"weights": str(drafter["weights"]), "head": head}
+
+
 def read_config(path: Path, key: str = WEIGHTS_KEY) -> dict:
     f = path / "config.json"
     try:

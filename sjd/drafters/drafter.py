@@ -38,8 +38,10 @@ class DrafterRun:
         batch: int,
         scratch: int,
         lap: Callable[[str], None] = lambda stage: None,
+        code_head: bool = False,
     ) -> None:
         self.net, self.adapter, self.sampling = net, adapter, sampling
+        self.head = adapter.code_head if code_head else adapter.head  # the same q either way (code_head)
         self.layout = adapter.layout
         self.batch = batch
         self.copies = 2 if sampling.uses_uncond else 1
@@ -127,7 +129,7 @@ class DrafterRun:
     def q(self, hidden: torch.Tensor, gen_pos: torch.Tensor) -> torch.Tensor:
         """[B, K, V] the draft distribution at generated positions `gen_pos` [B, K] from predicted
         features `hidden` [R, K, H]: the target's head, then the shared logits pipeline."""
-        probs = logits_to_probs(self.adapter.head(hidden), gen_pos, self.layout, self.sampling)
+        probs = logits_to_probs(self.head(hidden), gen_pos, self.layout, self.sampling)
         self.lap("drafter")
         return probs
 

@@ -170,16 +170,19 @@ def draw_from_heads(
     features: torch.Tensor,
     predicts: torch.Tensor,
     generators: Sequence[torch.Generator],
+    code_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One heads call. `features` [R, H] are the target's features of every CFG row (conditional rows, then
     unconditional), row b's predicting generated position `predicts` [B]. Returns the generated positions the
     heads draft, `predicts + offsets` [B, K], one draft of each (row b's from its own generator) and the q it was
-    drawn from ([B, K], [B, K, V]); a position past the image gets q = 0."""
+    drawn from ([B, K], [B, K, V]); a position past the image gets q = 0. `code_head`: through the image codes'
+    rows of the LM head only (ModelAdapter.code_head; the same q)."""
     N = adapter.layout.n_tokens
     offsets = torch.as_tensor(heads.offsets, device=predicts.device)
     positions = predicts[:, None] + offsets[None, :]
     predicted = heads(features.to(heads.up.dtype))  # [R, K, H]
-    q = logits_to_probs(adapter.head(predicted), positions.clamp(max=N - 1), adapter.layout, sampling)
+    logits = (adapter.code_head if code_head else adapter.head)(predicted)
+    q = logits_to_probs(logits, positions.clamp(max=N - 1), adapter.layout, sampling)
     q = q * (positions < N)[..., None]
     uniforms = torch.stack([torch.rand(len(offsets), generator=g, device=q.device) for g in generators])
     return positions, sample_from(q, uniforms), q

@@ -33,11 +33,11 @@ from sjd.core.cost import (
     GPUS,
     DecodeCounts,
     decode_seconds,
+    draft_head_rows,
     drafter_price,
     eagle_drafter,
     heads_price,
     mean_context,
-    priced_forwards,
 )
 
 SYNCS_CSV = Path(__file__).resolve().parents[2] / "results" / "syncs.csv"
@@ -91,7 +91,8 @@ def cfg_rows(meta: dict) -> int:
     return 2 if float(sampling.get("cfg_scale", 1.0)) != 1.0 else 1
 
 
-COUNT_COLUMNS = ["priced_forwards", "priced_context", "priced_width", "decoder_ops_per_iter", "syncs_per_iter"]
+COUNT_COLUMNS = ["priced_forwards", "priced_context", "priced_width", "decoder_ops_per_iter", "syncs_per_iter",
+                 "draft_head_rows"]  # fmt: skip
 
 
 # The modelled seconds every sample gets, by column: the default engine's, and eager's (as the published code runs).
@@ -100,8 +101,8 @@ MODELLED = {"modelled_s": DEFAULT_ENGINE, "modelled_eager_s": "eager"}
 
 def sample_prices(samples: pd.DataFrame, meta: dict, gpu: str = DEFAULT_GPU) -> pd.DataFrame:
     """Per sample (same index): `priced_forwards`, the counts a GPU pays for (`priced_context`, `priced_width`,
-    `decoder_ops_per_iter`, `syncs_per_iter`) and the MODELLED seconds on `gpu`; NaN where the model names no
-    real architecture."""
+    `decoder_ops_per_iter`, `syncs_per_iter`, and `draft_head_rows`: the LM head rows its drafter or heads compute,
+    by their `head` setting) and the MODELLED seconds on `gpu`; NaN where the model names no real architecture."""
     out = pd.DataFrame(np.nan, index=samples.index, columns=[*COUNT_COLUMNS, *MODELLED])
     name = meta.get("prices_as")
     if name is None or name not in ARCHITECTURES:
@@ -111,13 +112,16 @@ def sample_prices(samples: pd.DataFrame, meta: dict, gpu: str = DEFAULT_GPU) -> 
     drafted = extras.map(lambda e: float(e.get("drafter_forwards", 0.0)))
     head_calls = extras.map(lambda e: float(e.get("head_forwards", 0.0)))
     heads = extras.map(lambda e: int(e.get("heads", 0)))
-    heads_cost = head_calls * heads.map(lambda k: heads_price(name, k) if k else 0.0)
-    target_and_drafter = priced_forwards(samples["n_forward"].astype(float), drafted, drafter_price(name))
-    out["priced_forwards"] = target_and_drafter + heads_cost
+    classes, configs = meta.get("decoder_classes") or {}, meta.get("decoder_configs") or {}
+    head = samples["decoder"].map(lambda d: draft_head(configs.get(d, {})))
+    target = ARCHITECTURES[name]
+    out["draft_head_rows"] = head.map(lambda h: draft_head_rows(target, h)).astype(float)
+    heads_cost = head_calls * [heads_price(name, k, h) if k else 0.0 for k, h in zip(heads, head)]
+    drafter_cost = drafted * [drafter_price(name, h) for h in head]
+    out["priced_forwards"] = samples["n_forward"].astype(float) + drafter_cost + heads_cost
     out["priced_context"] = samples["accepted"].map(mean_context)
     inputs = extras.map(lambda e: e.get("window_inputs", np.nan)).astype(float)
     out["priced_width"] = (inputs / samples["n_forward"]).fillna(1.0).clip(lower=1.0)
-    classes, configs = meta.get("decoder_classes") or {}, meta.get("decoder_configs") or {}
     cache = meta.get("cache") or "dynamic"
     for decoder in samples["decoder"].unique():
         ops, syncs = decoder_overheads(classes.get(decoder, ""), configs.get(decoder, {}), cache)
@@ -130,13 +134,22 @@ def sample_prices(samples: pd.DataFrame, meta: dict, gpu: str = DEFAULT_GPU) -> 
     return out
 
 
+def draft_head(config: dict) -> str:
+    """The LM head a decoder's drafter or heads run, from its config (`full` for rows recorded before the setting,
+    which every drafter then ran)."""
+    part = config.get("drafter") or config.get("heads") or {}
+    return str(part.get("head", "full")) if isinstance(part, dict) else "full"
+
+
 def modelled_seconds(
     row: pd.Series, prices_as: str, rows: int, gpu: str = DEFAULT_GPU, engine: str = DEFAULT_ENGINE
 ) -> float:
     """One image's modelled decode seconds from a sample's or a summary row's counts (`forwards` or `n_forward`,
     the COUNT_COLUMNS, `drafter_forwards` and, for draft heads, `head_forwards` and `heads`), priced as
-    `prices_as` on `gpu` under `engine`."""
+    `prices_as` on `gpu` under `engine`. A row without `draft_head_rows` drafts with the full LM head."""
     target = ARCHITECTURES[prices_as]
+    rows_kept = row.get("draft_head_rows", np.nan)
+    head_rows = None if pd.isna(rows_kept) else int(rows_kept)
     drafted = row.get("drafter_forwards", 0.0)
     head_calls, heads = row.get("head_forwards", 0.0), row.get("heads", 0)
     head_calls = 0.0 if pd.isna(head_calls) else float(head_calls)
@@ -149,5 +162,6 @@ def modelled_seconds(
         heads=int(heads) if head_calls else 0,
         decoder_ops=float(row["decoder_ops_per_iter"]),
         syncs=float(row["syncs_per_iter"]),
+        draft_head_rows=head_rows,
     )
-    return decode_seconds(counts, target, GPUS[gpu], ENGINES[engine], rows, eagle_drafter(target))
+    return decode_seconds(counts, target, GPUS[gpu], ENGINES[engine], rows, eagle_drafter(target, head_rows))

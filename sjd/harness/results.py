@@ -51,6 +51,7 @@ SUMMARY_COLUMNS = [
     "drafter_cost",
     "head_forwards",
     "heads",
+    "draft_head_rows",
     "priced_forwards",
     "fe_compression",
     "modelled_s",
@@ -410,8 +411,9 @@ def priced_counts(df: pd.DataFrame) -> dict[str, float]:
     of a target forward (weighted by forwards) and the decoder's calls and syncs per iteration."""
     forwards = df["n_forward"].astype(float)
     weighted = {c: float((df[c] * forwards).sum() / forwards.sum()) for c in ("priced_context", "priced_width")}
+    kept = float(df["draft_head_rows"].iloc[0]) if "draft_head_rows" in df else float("nan")
     return {**weighted, "decoder_ops_per_iter": float(df["decoder_ops_per_iter"].mean()),
-            "syncs_per_iter": float(df["syncs_per_iter"].mean())}  # fmt: skip
+            "syncs_per_iter": float(df["syncs_per_iter"].mean()), "draft_head_rows": kept}  # fmt: skip
 
 
 def mean_entropy(df: pd.DataFrame) -> float:

@@ -91,6 +91,13 @@ class ModelAdapter(ABC):
         (conditional, then unconditional): what a drafter's predicted features become."""
         raise NotImplementedError(f"model {self.name!r} does not provide the {FEATURES!r} capability")
 
+    def code_head(self, hidden: torch.Tensor) -> Logits:
+        """As `head`, computing only the image codes' rows (the layout's free ids) where the head allows it; the
+        other columns are zeros, which the shared pipeline never reads (at a code's position it reads the free
+        columns, and it forces every other position). A drafter or heads set to `head: codes` draft through it,
+        and are priced at the codes' rows of the LM head."""
+        return self.head(hidden)
+
     def token_embeddings(self) -> torch.Tensor:
         """[V, H] the input embedding of every id the model generates: a drafter's frozen copy starts here."""
         raise NotImplementedError(f"model {self.name!r} does not provide the {FEATURES!r} capability")

@@ -222,6 +222,16 @@ class CausalLMAdapter(RaggedRows, ModelAdapter):
     def head(self, hidden: torch.Tensor) -> Logits:
         return self._split(self.lm_head(hidden.to(self.lm_head.weight.dtype)))
 
+    @torch.no_grad()
+    def code_head(self, hidden: torch.Tensor) -> Logits:
+        head = self.lm_head
+        cols = self.layout.free_columns(hidden.device)  # one id range on every real model: a view, no copy
+        bias = None if head.bias is None else head.bias[cols]
+        codes = torch.nn.functional.linear(hidden.to(head.weight.dtype), head.weight[cols], bias)
+        out = codes.new_zeros(*codes.shape[:-1], head.weight.shape[0])
+        out[..., cols] = codes
+        return self._split(out)
+
     def token_embeddings(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight
 

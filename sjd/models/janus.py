@@ -242,6 +242,9 @@ class JanusAdapter(CausalLMAdapter):
     def head(self, hidden: torch.Tensor) -> Logits:
         return self._split(self.lm_head(hidden.to(self.model.dtype)))
 
+    def code_head(self, hidden: torch.Tensor) -> Logits:
+        return self.head(hidden)  # the generation head has the image codes' rows only: nothing to cut
+
     @torch.no_grad()
     def token_embeddings(self) -> torch.Tensor:
         """The generation embedding of every code through the aligner: what the language model reads."""

@@ -16,6 +16,7 @@ from sjd.core.cost import (
     byte_ratio,
     decode_seconds,
     draft_heads,
+    drafter_price,
     eagle_drafter,
     fit_op_seconds,
     forward_cost,
@@ -40,6 +41,10 @@ def test_an_eagle_drafter_costs_a_fraction_of_a_target_forward_set_by_its_head()
     full = byte_ratio(eagle_drafter(CHAMELEON), CHAMELEON)
     cut = byte_ratio(eagle_drafter(CHAMELEON, head_rows=8192), CHAMELEON)
     assert full == pytest.approx(0.0748, abs=5e-4) and cut == pytest.approx(0.0400, abs=5e-4)
+    assert drafter_price("chameleon_7b") == pytest.approx(full) and drafter_price("chameleon_7b", "codes") == cut
+    assert drafter_price("llamagen_xl", "codes") == drafter_price("llamagen_xl")  # its head is all image codes
+    with pytest.raises(ValueError, match="full or codes"):
+        drafter_price("chameleon_7b", "half")
 
 
 def test_a_window_of_64_at_batch_1_with_cfg_is_memory_bound_on_an_h100():
@@ -78,6 +83,7 @@ def test_a_heads_call_costs_its_blocks_and_one_pass_of_the_head():
     assert heads_price("chameleon_7b", 4) == pytest.approx(byte_ratio(heads, CHAMELEON))
     assert heads_price("chameleon_7b", 4) == pytest.approx(0.0597, abs=5e-4)
     assert byte_ratio(draft_heads(CHAMELEON, 4, head_rows=8192), CHAMELEON) == pytest.approx(0.0249, abs=5e-4)
+    assert heads_price("chameleon_7b", 4, "codes") == pytest.approx(0.0249, abs=5e-4)  # the image codes' rows
     with pytest.raises(ValueError, match="model.prices_as"):
         heads_price("no_such_model", 4)
     h100, graphed = GPUS["H100"], ENGINES["graphed"]

@@ -26,7 +26,7 @@ from sjd.models.micro import MicroAdapter
 from sjd.types import CODE_EMBEDDINGS, Prompt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-RANDOM = {"weights": "random"}
+RANDOM = {"weights": "random", "head": "full"}  # the published drafters run the full LM head
 V = 12
 FREE = torch.tensor([False, False] + [True] * 8 + [False, False])  # ids 2 .. 9 are codes
 

@@ -96,6 +96,21 @@ def test_a_heads_call_is_priced_at_the_heads_bytes_in_the_sample_and_its_summary
     assert math.isnan(unpriced.loc["headed", "fe_compression"]) and unpriced.loc["ar", "fe_compression"] == 1.0
 
 
+def test_a_drafter_or_heads_on_the_image_codes_head_is_priced_at_those_rows():
+    """`decoder.drafter.head: codes` (or `decoder.heads.head`) prices the drafter forward and the heads call at the
+    image codes' rows of the LM head (8,192 of Chameleon's 65,536), and the modelled time with them."""
+    table = pd.DataFrame(rows("hybrid", [8] * 8, {"window_inputs": 112, "drafter_forwards": 40})
+                         + rows("headed", [8] * 8, {"window_inputs": 112, "head_forwards": 8, "heads": 4}))  # fmt: skip
+    codes_head = {"weights": "x", "head": "codes"}
+    configs = {"hybrid": {"window": 16, "drafter": codes_head}, "headed": {"window": 16, "heads": codes_head}}
+    cut = {**META, "decoder_configs": configs}
+    full, codes = sample_prices(table, META), sample_prices(table, cut)
+    assert codes.iloc[0]["priced_forwards"] == pytest.approx(8 + 40 * drafter_price("chameleon_7b", "codes"))
+    assert codes.iloc[-1]["priced_forwards"] == pytest.approx(8 + 8 * heads_price("chameleon_7b", 4, "codes"))
+    assert (codes["draft_head_rows"] == 8192).all() and (full["draft_head_rows"] == 65536).all()
+    assert (codes["modelled_s"] < full["modelled_s"]).all()
+
+
 def test_the_summary_sets_modelled_speedup_beside_step_compression_with_paired_intervals():
     """Same target forwards, but one decoder spends 40 drafter forwards an image: equal step compression, lower
     fe_compression and modelled speedup, each with an interval over prompts (3 prompts, varied contexts)."""
