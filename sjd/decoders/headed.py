@@ -34,12 +34,16 @@ from sjd.models.base import ModelAdapter
 from sjd.types import FEATURES
 
 
+REPLACE = ("all", "missing")
+
+
 @dataclass(eq=False, kw_only=True)
 class HeadsContinuation:
     """Mixin before a window decoder class: the heads' settings (`weights`; `head`, the LM head's rows they run:
     the image codes' by default) and the two hooks they fill (`begin`, `after_commit`)."""
 
     heads: dict | None = None
+    replace: str = "all"  # all: the heads' drafts replace the carried ones; missing: they only extend them
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -50,6 +54,8 @@ class HeadsContinuation:
         check_heads_setting(heads.get("weights"), self.name)
         head = check_draft_head(str(heads.get("head", "codes")), "decoder.heads.head")
         self.heads = {"weights": str(heads["weights"]), "head": head}
+        if self.replace not in REPLACE:
+            raise ValueError(f"decoder.replace must be one of {REPLACE}, got {self.replace!r}")
 
     def config(self) -> dict:
         out = super().config()
@@ -106,6 +112,8 @@ class HeadsContinuation:
                 index = int(heads.offsets[k]) - 1  # positions[b, k] - committed: predicts = committed - 1
                 if n + index >= N or index > len(carried):
                     break
+                if index < len(carried) and self.replace == "missing":
+                    continue
                 if index == len(carried):
                     carried = torch.cat([carried, drafts[b, k : k + 1]])
                     carried_q = torch.cat([carried_q, q[b, k : k + 1]])

@@ -66,6 +66,16 @@ def test_bad_offsets_and_missing_heads_are_refused_naming_the_key(tmp_path):
         check_heads_setting(str(tmp_path), "sjd_heads")
 
 
+def test_a_heads_decoder_refuses_an_unknown_replace_rule_naming_the_key():
+    from sjd.decoders.headed import SJDHeadsDecoder
+
+    assert SJDHeadsDecoder(heads={"weights": "random"}, replace="missing").replace == "missing"
+    with pytest.raises(ValueError, match=r"decoder\.replace must be one of"):
+        SJDHeadsDecoder(heads={"weights": "random"}, replace="some")
+    with pytest.raises(ValueError, match=r"decoder\.heads\.head must be one of"):
+        SJDHeadsDecoder(heads={"weights": "random", "head": "half"})
+
+
 def test_untrained_heads_repeat_the_feature_and_a_trained_residual_moves_it(micro):
     H = hidden_size(micro)
     features = torch.randn(5, H, generator=torch.Generator().manual_seed(0))
