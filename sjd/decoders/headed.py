@@ -33,7 +33,6 @@ from sjd.drafters.heads import check_heads_setting, draw_from_heads, heads_recor
 from sjd.models.base import ModelAdapter
 from sjd.types import FEATURES
 
-
 REPLACE = ("all", "missing")
 
 
