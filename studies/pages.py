@@ -9,8 +9,9 @@ error: the page shows only numbers a named command gives. Also writes docs/resul
 index of the pages, and the headline table of README.md (between its `<!-- headline:begin -->` and
 `<!-- headline:end -->` markers): the part of one study page named by HEADLINE. Figures
 (`study.figure`): window (step compression and speedup against the window), quality (FID and CLIP
-against speedup), pareto (speedup against audit distance and FID), accept_hist (tokens committed per
-forward, one panel per decoder). Five study kinds close their page with one section for all their
+against speedup), pareto (speedup against audit distance and FID), frontier (modelled speedup against the
+one-sample audit's excess nats a token, studies.frontier), accept_hist (tokens committed per forward, one panel
+per decoder). Five study kinds close their page with one section for all their
 commands instead: `regime` (studies.regime_page), `calibration` (the published-ratio
 anchors of each stand-in tried, studies.calibration_page), `goal` (the lossless
 candidates against official SJD and SJD-PAC, studies.goal_page), `drafters` (the
@@ -30,6 +31,7 @@ from studies.calibration_page import calibration_section
 from studies.cost_page import cost_section
 from studies.drafters_page import drafters_section
 from studies.engine_page import render_engine_page
+from studies.frontier import frontier
 from studies.goal_page import POWERED_PAGE, goal_section
 from studies.gpu_page import TITLE as GPU_TITLE
 from studies.gpu_page import render_gpu_page
@@ -65,6 +67,8 @@ def draw(figure: str, rows: pd.DataFrame, out: Path) -> Path:
         return plots.quality_vs_speedup(rows, out)
     if figure == "pareto":
         return plots.pareto(others.assign(ar_noise_tv=others["audit_noise_tv"]), out)
+    if figure == "frontier":
+        return frontier(rows, out)
     return plots.accept_histograms(rows, out)
 
 

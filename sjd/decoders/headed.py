@@ -28,8 +28,7 @@ from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.sjd_pac import SJDPACDecoder
 from sjd.decoders.window import WindowCall, WindowStep
 from sjd.decoders.window_state import WindowState
-from sjd.drafters.checkpoint import check_draft_head
-from sjd.drafters.heads import check_heads_setting, draw_from_heads, heads_record, load_heads
+from sjd.drafters.heads import draw_from_heads, heads_record, heads_settings, load_heads
 from sjd.models.base import ModelAdapter
 from sjd.types import FEATURES
 
@@ -46,13 +45,7 @@ class HeadsContinuation:
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        heads = dict(self.heads or {})
-        unknown = sorted(set(heads) - {"weights", "head"})
-        if unknown:
-            raise ValueError(f"decoder.heads: unknown setting(s) {unknown} (settings: weights, head)")
-        check_heads_setting(heads.get("weights"), self.name)
-        head = check_draft_head(str(heads.get("head", "codes")), "decoder.heads.head")
-        self.heads = {"weights": str(heads["weights"]), "head": head}
+        self.heads = heads_settings(self.heads, self.name)
         if self.replace not in REPLACE:
             raise ValueError(f"decoder.replace must be one of {REPLACE}, got {self.replace!r}")
 

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
-from sjd.drafters.checkpoint import random_seed, resolve
+from sjd.drafters.checkpoint import check_draft_head, random_seed, resolve
 from sjd.models.base import ModelAdapter
 
 HEADS_KEY = "decoder.heads.weights"
@@ -74,6 +74,13 @@ class DraftHeads(nn.Module):
         inner = nn.functional.silu(torch.einsum("...h,khj->...kj", features, self.up) + self.bias)
         return features.unsqueeze(-2) + torch.einsum("...kj,kjh->...kh", inner, self.down)
 
+    def one(self, features: torch.Tensor, offset: int) -> torch.Tensor:
+        """The head at `offset` alone: features [..., H] -> the predicted features `offset` positions on
+        [..., H]. Applied to its own output it predicts further on (SSD's chained latent prediction)."""
+        k = self.offsets.index(offset)
+        inner = nn.functional.silu(features @ self.up[k] + self.bias[k])
+        return features + inner @ self.down[k]
+
 
 def random_heads(hidden_size: int, offsets: Sequence[int], seed: int) -> DraftHeads:
     """Seeded heads whose residuals are not zero, so each head's q differs from the target's next-token one."""
@@ -100,6 +107,20 @@ def check_heads_setting(weights: str | None, decoder: str) -> None:
         raise FileNotFoundError(f"decoder {decoder!r}: `{HEADS_KEY}`={weights}: no {missing} in {path.absolute()}")
 
 
+def heads_settings(heads: dict | None, decoder: str) -> dict:
+    """`decoder.heads` of a heads decoder, checked before any model loads: `weights` (check_heads_setting) and
+    `head`, the LM head's rows they run (check_draft_head; the image codes' by default)."""
+    heads = dict(heads or {})
+    unknown = sorted(set(heads) - {"weights", "head"})
+    if unknown:
+        raise ValueError(f"decoder.heads: unknown setting(s) {unknown} (settings: weights, head)")
+    check_heads_setting(heads.get("weights"), decoder)
+    return {
+        "weights": str(heads["weights"]),
+        "head": check_draft_head(str(heads.get("head", "codes")), "decoder.heads.head"),
+    }
+
+
 def read_heads_config(weights: str) -> dict:
     f = resolve(str(weights)) / CONFIG_FILE
     try:
@@ -115,11 +136,11 @@ def heads_record(weights: str) -> dict:
     return {"random_seed": seed} if seed is not None else read_heads_config(weights)
 
 
-def build_heads(adapter: ModelAdapter, weights: str) -> DraftHeads:
+def build_heads(adapter: ModelAdapter, weights: str, random_offsets: Sequence[int] = DEFAULT_OFFSETS) -> DraftHeads:
     hidden = int(adapter.architecture()["hidden_size"])
     seed = random_seed(str(weights))
     if seed is not None:
-        heads = random_heads(hidden, DEFAULT_OFFSETS, seed)
+        heads = random_heads(hidden, random_offsets, seed)
     else:
         config = read_heads_config(weights)
         where = resolve(str(weights))
@@ -141,13 +162,15 @@ def build_heads(adapter: ModelAdapter, weights: str) -> DraftHeads:
     return heads.to(device=adapter.device, dtype=dtype if dtype.is_floating_point else torch.float32).eval()
 
 
-def load_heads(adapter: ModelAdapter, weights: str) -> DraftHeads:
-    """The heads for `adapter`, in the target's dtype and on its device, loaded once per directory and model."""
-    key = (str(weights), str(adapter.device))
+def load_heads(adapter: ModelAdapter, weights: str, random_offsets: Sequence[int] = DEFAULT_OFFSETS) -> DraftHeads:
+    """The heads for `adapter`, in the target's dtype and on its device, loaded once per directory and model.
+    `random_offsets`: the offsets of `random` heads (a directory's heads.json names its own)."""
+    key = (str(weights), str(adapter.device), tuple(random_offsets))
     held = _LOADED.get(key)
     if held is None or held[0]() is not adapter:
-        _LOADED.clear()
-        _LOADED[key] = (weakref.ref(adapter), build_heads(adapter, weights))
+        for stale in [k for k, (ref, _) in _LOADED.items() if ref() is not adapter]:
+            del _LOADED[stale]  # heads of a model no longer loaded; a run's decoders keep theirs side by side
+        _LOADED[key] = (weakref.ref(adapter), build_heads(adapter, weights, random_offsets))
     return _LOADED[key][1]
 
 

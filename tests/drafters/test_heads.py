@@ -166,7 +166,7 @@ def test_the_documented_training_command_writes_heads_that_a_run_decodes_with(tm
     assert "sjd_heads" in done.stdout
 
 
-SHIPPED = sorted(p.name for p in (ROOT / "sjd" / "assets").glob("heads_*"))
+SHIPPED = sorted(p.name for pattern in ("heads_*", "spatial_heads_*") for p in (ROOT / "sjd" / "assets").glob(pattern))
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -180,7 +180,8 @@ def test_every_shipped_heads_directory_is_its_models_and_matches_its_record(name
     directory = ROOT / "sjd" / "assets" / name
     record = json.loads((directory / "heads.json").read_text())
     model = record["target"]["name"]
-    assert OmegaConf.load(ROOT / "conf" / "model" / f"{model}.yaml").heads == f"sjd/assets/{name}"
+    key = "spatial_heads" if name.startswith("spatial_") else "heads"  # right and below heads, for decoder=ssd
+    assert OmegaConf.load(ROOT / "conf" / "model" / f"{model}.yaml")[key] == f"sjd/assets/{name}"
     assert file_sha256(directory / "heads.safetensors") == record["weights_sha"]
     assert record["command"].startswith(f"python scripts/train_heads.py model={model} ")
     assert f"out=sjd/assets/{name}" in record["overrides"]

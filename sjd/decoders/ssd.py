@@ -1,0 +1,334 @@
+"""SSD, Spatially Speculative Decoding (arXiv 2606.20543), as far as the paper states it (docs/algorithms.md §12.9).
+
+Heads on the target's features predict the feature of the cell to the right and of the cell below; several image
+rows are decoded at once, each a block of `window` codes a step: the top active row drafted along the row by the
+right head applied to its own output (the continuous-latent chain), every row below drafted from the row above's
+features by the below head. Verification accepts each drafted position on its own with min(1, p/q), a rejected
+one taking a residual draw, and repeats for `rounds` forwards, each round re-verifying the block's tokens against
+the target's p given the previous round's corrections; after the last round the whole block is committed. Not
+lossless: a position is kept whether or not the positions before it were, and a lower row conditions on part of
+the rows above only (the one-sample audit measures how far the samples are from the target's).
+
+It runs on PJD's row machinery (sjd.decoders.pjd): rows at their true raster positions in one forward, a row-causal
+mask (a token sees the committed tokens before it and its own row's earlier inputs), the cache kept by position.
+
+Our choices where the paper, as we could read it, leaves room (all settings, conf/decoder/ssd.yaml):
+- `window`: codes a row drafts a step (the paper's horizontal span, 5); `rows_below`: rows decoded under the top
+  active row at once (1 or 2 in the paper); a row starts once the row above has `context` codes (5, a block);
+- `rounds`: forwards per block (the paper's self-correcting rounds, 2). In round k > 1 the drafts are round k-1's
+  tokens, with round k-1's p as their q;
+- `drafting`: `chain` applies the right head (offset 1) to its own output, SSD's one right head; `direct` uses a
+  head per offset (Hawk's and Medusa's);
+- the heads read the target's feature after its final norm and go through the target's frozen LM head (our heads,
+  sjd.drafters.heads; SSD reads before the norm and adds the token's embedding);
+- the top row's block is drafted from the row's latest target feature at or before its first code (the target's
+  own p where that feature predicts the first code itself), moved on by the right head; a row's first block from
+  the below head on the row above; the image's first block, with no feature yet, at random;
+- the token after a block (from the last slot's p) is committed only when the last round accepted every draft, so
+  that p is conditioned on the committed tokens;
+- layouts with an end-of-line token per row only (Lumina-mGPT's, Emu3's), so a row's first input is committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from sjd.core.drafts import fresh_drafts, one_hot
+from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
+from sjd.decoders.base import DecodeResult, ForwardClock
+from sjd.decoders.pjd import PJDDecoder, RowState, Segment
+from sjd.drafters.heads import HEADS_KEY, DraftHeads, heads_record, heads_settings, load_heads
+from sjd.models.base import ModelAdapter
+from sjd.types import CUSTOM_MASK, FEATURES, WINDOW, ImageLayout, Prompt
+
+DRAFTING = ("chain", "direct")
+
+
+@dataclass
+class SSDRowState(RowState):
+    """PJD's row state, plus what SSD keeps: each image row's round in its block, the latest target feature that
+    predicts each position (all CFG rows), and the heads calls."""
+
+    rounds_done: list[int] = field(default_factory=list)
+    features: torch.Tensor | None = None  # [N, copies, H]
+    has_feature: torch.Tensor | None = None  # [N] bool
+    head_forwards: int = 0
+
+
+@dataclass
+class SSDCall:
+    adapter: ModelAdapter
+    heads: DraftHeads
+    sampling: SamplingConfig
+    code_head: bool
+
+
+class SSDDecoder(PJDDecoder):
+    requires = frozenset({WINDOW, CUSTOM_MASK, FEATURES})
+    lossless = False
+
+    def __init__(
+        self,
+        name: str = "ssd",
+        window: int = 5,
+        rows_below: int = 2,
+        rounds: int = 2,
+        context: int = 5,
+        drafting: str = "chain",
+        heads: dict | None = None,
+    ) -> None:
+        super().__init__(name=name, window=window, context=context, keep_threshold=0.0, init="random")
+        if rows_below < 0 or rounds < 1:
+            raise ValueError(f"decoder.rows_below must be >= 0 and decoder.rounds >= 1, got {rows_below}, {rounds}")
+        if drafting not in DRAFTING:
+            raise ValueError(f"decoder.drafting must be one of {DRAFTING}, got {drafting!r}")
+        self.rows_below, self.rounds, self.drafting = rows_below, rounds, drafting
+        self.heads = heads_settings(heads, name)
+
+    def config(self) -> dict:
+        return {
+            "name": self.name,
+            "window": self.window,
+            "rows_below": self.rows_below,
+            "rounds": self.rounds,
+            "context": self.context,
+            "drafting": self.drafting,
+            "heads": {**self.heads, "record": heads_record(self.heads["weights"])},
+        }
+
+    # -- the heads -------------------------------------------------------------------------------------
+    def needed_offsets(self, layout: ImageLayout) -> tuple[int, ...]:
+        """The right head(s) and the below head this setting drafts with."""
+        right = (1,) if self.drafting == "chain" else tuple(range(1, max(self.window, 2)))
+        return right + (layout.row_stride,)
+
+    def load(self, adapter: ModelAdapter) -> DraftHeads:
+        return load_heads(adapter, self.heads["weights"], self.needed_offsets(adapter.layout))
+
+    def check(self, adapter: ModelAdapter) -> None:
+        super().check(adapter)
+        layout = adapter.layout
+        if layout.row_stride != layout.width + 1:
+            raise ValueError(
+                f"decoder {self.name!r} needs an end-of-line token after every image row; model {adapter.name!r} "
+                f"has rows of {layout.row_stride} tokens for {layout.width} codes"
+            )
+        missing = [d for d in self.needed_offsets(layout) if d not in self.load(adapter).offsets]
+        if missing:
+            raise ValueError(
+                f"decoder {self.name!r} (drafting={self.drafting}) needs heads at offsets {missing} on "
+                f"{adapter.name!r} (the row stride is {layout.row_stride}); `{HEADS_KEY}`={self.heads['weights']} "
+                f"has {list(self.load(adapter).offsets)}: train them with `python scripts/train_heads.py "
+                f"model={adapter.name} heads.vertical=1`"
+            )
+
+    def networks(self, adapter: ModelAdapter) -> dict[str, torch.nn.Module]:
+        return {"heads": self.load(adapter)}
+
+    # -- the loop --------------------------------------------------------------------------------------
+    def generate(
+        self,
+        adapter: ModelAdapter,
+        prompts: Sequence[Prompt],
+        sampling: SamplingConfig,
+        generators: Sequence[torch.Generator],
+    ) -> DecodeResult:
+        layout, device, B = adapter.layout, adapter.device, len(prompts)
+        clock = ForwardClock(adapter)
+        call = SSDCall(adapter, self.load(adapter), sampling, self.heads["head"] == "codes")
+        first_tokens = clock.start(prompts, sampling, generators)
+        states = [self._initial_state(layout, first_tokens[b], device) for b in range(B)]
+        n_forward = [1] * B
+        while not all(s.complete() for s in states):
+            plans = [self.ssd_plan(s, call, generators[b]) for b, s in enumerate(states)]
+            tokens, positions, mask = self.window_inputs(plans, states, layout.n_tokens, device)
+            keep = torch.stack([s.committed for s in states])
+            clock.lap("draft")
+            logits = clock.forward_at(tokens, positions, keep, mask)
+            p = self.target_probs(logits, positions, layout, sampling)
+            clock.lap("pipeline")
+            hidden = logits.features.hidden
+            copies = hidden.shape[0] // B
+            for b, (s, plan) in enumerate(zip(states, plans)):
+                if not plan:
+                    continue
+                self.remember_features(s, positions[b], hidden[b::B] if copies > 1 else hidden[b : b + 1])
+                s.accepted.append(self.verify_rounds(s, plan, p[b], layout, generators[b]))
+                clock.lap("verify")
+                self.mark_written(s, plan, positions[b], tokens[b])
+                n_forward[b] += 1
+                clock.lap("commit")
+        result = clock.finish(torch.stack([s.tokens for s in states]), n_forward, [s.accepted for s in states])
+        result.extras["head_forwards"] = [s.head_forwards for s in states]
+        result.extras["heads"] = [self.window] * B  # a call runs a head about once per drafted column (the chain)
+        return result
+
+    def _initial_state(self, layout: ImageLayout, first: torch.Tensor, device: torch.device) -> SSDRowState:
+        base = super()._initial_state(layout, first, device)
+        return SSDRowState(**vars(base), rounds_done=[0] * layout.height)
+
+    @staticmethod
+    def remember_features(s: SSDRowState, positions: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Keep each slot's feature as the one that predicts the position after the slot's own."""
+        N = len(s.tokens)
+        if s.features is None:
+            s.features = hidden.new_zeros(N, hidden.shape[0], hidden.shape[-1])
+            s.has_feature = torch.zeros(N, dtype=torch.bool, device=s.tokens.device)
+        slots = (positions >= 0) & (positions + 1 < N)
+        predicted = (positions[slots] + 1).to(s.tokens.device)
+        s.features[predicted] = hidden[:, slots.to(hidden.device)].transpose(0, 1)
+        s.has_feature[predicted] = True
+
+    def ssd_plan(self, s: SSDRowState, call: SSDCall, generator: torch.Generator) -> list[Segment]:
+        """PJD's plan with SSD's rows (at most 1 + rows_below active, each starting `context` codes behind the row
+        above) and drafts: a block mid-way through its rounds keeps its tokens, a new block is drafted by the
+        heads."""
+        layout = call.adapter.layout
+        H, w = layout.height, layout.width
+        active = sum(1 for r in range(H) if s.started[r] and s.done[r] < w)
+        for r in range(1, H):
+            if active > self.rows_below:
+                break
+            if not s.started[r] and s.started[r - 1] and s.done[r - 1] >= self.context:
+                s.started[r] = True
+                active += 1
+        new_blocks: list[tuple[int, int, int]] = []  # (row, first position, codes)
+        segments: list[Segment] = []
+        top = min((r for r in range(H) if s.started[r] and s.done[r] < w), default=-1)
+        for r in range(H):
+            if not s.started[r] or s.done[r] == w:
+                continue
+            limit = w if r == 0 or s.done[r - 1] == w else s.done[r - 1]
+            start = self._pos(layout, r, s.done[r])
+            if s.rounds_done[r] > 0:  # mid-way through its rounds: the block keeps its size and tokens
+                drafts, q = s.carried[r], s.carried_q[r]
+            else:
+                n = min(self.window, limit - s.done[r])
+                if n <= 0:
+                    continue  # waiting for the row above
+                drafts, q = None, None
+                new_blocks.append((r, start, n))
+            n = len(drafts) if drafts is not None else new_blocks[-1][2]
+            segments.append(
+                Segment(row=r, positions=list(range(start - 1, start + n)), n_committed=1, drafts=drafts, q=q)
+            )
+        if new_blocks:
+            drafted = self.draft_blocks(s, call, new_blocks, top, generator)
+            for seg in segments:
+                if seg.drafts is None:
+                    seg.drafts, seg.q = drafted[seg.row]
+        lead = [p for p in range(layout.first_code - 1) if not s.written[p]]
+        lead += [
+            self._pos(layout, r, w - 1)
+            for r in range(H)
+            if s.done[r] == w and not s.written[self._pos(layout, r, w - 1)]
+        ]
+        return ([Segment(row=-1, positions=lead, n_committed=len(lead))] if lead else []) + segments
+
+    def draft_blocks(
+        self,
+        s: SSDRowState,
+        call: SSDCall,
+        blocks: list[tuple[int, int, int]],
+        top: int,
+        generator: torch.Generator,
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """One heads call drafting every new block: the top row along the row from the feature predicting its
+        first code, a lower row by the below head on the row above's features; each draft a sample of its q."""
+        layout, heads = call.adapter.layout, call.heads
+        stride, V = layout.row_stride, layout.vocab_size
+        latents, where, randoms = [], [], {}
+        for r, start, n in blocks:
+            cells = torch.arange(start, start + n, device=s.tokens.device)
+            known = s.has_feature if s.features is not None else torch.zeros_like(s.committed)
+            if r > top and bool(known[cells - stride].all()):  # a lower row: below the row above's features
+                latents.append(heads.one(s.features[cells - stride].transpose(0, 1), stride))  # [copies, n, H]
+                where.append((r, start, n))
+                continue
+            row_first = self._pos(layout, r, 0)
+            left = [j for j in range(start, row_first - 1, -1) if bool(known[j])]
+            if left:  # the latest feature of this row at or before the block, moved on by the right head
+                first = s.features[left[0]].unsqueeze(1)  # [copies, 1, H]
+                for _ in range(start - left[0]):
+                    first = heads.one(first, 1)
+            elif r > 0 and bool(known[start - stride]):
+                first = heads.one(s.features[start - stride].unsqueeze(1), stride)
+            else:  # the image's first block: no feature yet
+                new = fresh_drafts("random", s.tokens, start, n, layout, generator)
+                randoms[r] = (new, one_hot(new, V))
+                continue
+            chain = [first]
+            for j in range(1, n):
+                chain.append(heads.one(chain[-1], 1) if self.drafting == "chain" else heads.one(first, j))
+            latents.append(torch.cat(chain, 1))
+            where.append((r, start, n))
+        out = dict(randoms)
+        if not latents:
+            return out
+        hidden = torch.cat(latents, 1)  # [copies, M, H]
+        positions = torch.cat([torch.arange(st, st + n, device=hidden.device) for _, st, n in where])[None]
+        logits = (call.adapter.code_head if call.code_head else call.adapter.head)(hidden.to(heads.up.dtype))
+        q = logits_to_probs(logits, positions, layout, call.sampling)[0]  # [M, V]
+        drafts = sample_from(q, torch.rand(len(q), generator=generator, device=q.device))
+        s.head_forwards += 1
+        i = 0
+        for r, _, n in where:
+            out[r] = drafts[i : i + n], q[i : i + n]
+            i += n
+        return out
+
+    def verify_rounds(
+        self, s: SSDRowState, plan: list[Segment], p: torch.Tensor, layout: ImageLayout, generator: torch.Generator
+    ) -> int:
+        """SSD's verification of every row block: each position on its own; the last round commits the block."""
+        w, committed_now, i = layout.width, 0, 0
+        for seg in plan:
+            n_in = len(seg.positions)
+            if seg.row < 0:
+                i += n_in
+                continue
+            r, n = seg.row, n_in - 1
+            p_seg = p[i : i + n_in]  # p_seg[j] predicts column done + j
+            tokens, all_kept = independent_accept(p_seg[:n], seg.drafts, seg.q, generator)
+            s.rounds_done[r] += 1
+            if s.rounds_done[r] < self.rounds:
+                s.carried[r], s.carried_q[r] = tokens, p_seg[:n]
+                i += n_in
+                continue
+            col = s.done[r]
+            start = self._pos(layout, r, col)
+            s.tokens[start : start + n] = tokens
+            take = n
+            if all_kept and col + n < w:  # the token after the block, given the committed tokens
+                s.tokens[start + n] = sample_from(
+                    p_seg[n : n + 1], torch.rand(1, generator=generator, device=p.device)
+                )[0]
+                take += 1
+            s.committed[start : start + take] = True
+            s.done[r] = col + take
+            s.rounds_done[r] = 0
+            s.carried[r], s.carried_q[r] = tokens[:0], p_seg[:0]
+            committed_now += take
+            i += n_in
+        return committed_now
+
+
+def independent_accept(
+    p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, bool]:
+    """SSD's rule: draft j is kept with probability min(1, p_j(d_j) / q_j(d_j)) whatever happened before it, and
+    a rejected one replaced by a draw from the residual max(p_j - q_j, 0) (p_j where that is empty). Returns the
+    tokens and whether every draft was kept."""
+    n = len(drafts)
+    u = torch.rand(2, n, generator=generator, device=p.device)
+    pd = p.gather(1, drafts[:, None]).squeeze(1)
+    qd = q.gather(1, drafts[:, None]).squeeze(1).clamp_min(1e-30)
+    kept = u[0] < (pd / qd).clamp(max=1.0)
+    residual = (p - q).clamp_min(0.0)
+    empty = residual.sum(-1, keepdim=True) <= 0
+    residual = torch.where(empty, p, residual)
+    tokens = torch.where(kept, drafts, sample_from(residual / residual.sum(-1, keepdim=True), u[1]))
+    return tokens, bool(kept.all())
