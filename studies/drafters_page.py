@@ -180,9 +180,10 @@ def target_lines(
                 f"`{reference}`."]  # fmt: skip
     verdict = verdict_of(best, column, target)
     spent = cell(best.get("drafter_forwards"), ".1f")
+    spending = f"spending {spent} drafter forwards per image" if spent else "drafting without a drafter"
     line = (f"- Window {window}: the best is `{best['decoder']}` at {ratio_text(best, column)} times "
-            f"`{reference}`'s {measure}{also_steps(best, column, reference)}, spending {spent} drafter forwards "
-            f"per image; in this run the {target}x target is {verdict}. "
+            f"`{reference}`'s {measure}{also_steps(best, column, reference)}, {spending}; in this run the "
+            f"{target}x target is {verdict}. "
             f"Its {audit_text(best)}.")  # fmt: skip
     if not verdict.startswith("met"):
         return [line]
