@@ -18,7 +18,7 @@ import hashlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,12 +27,13 @@ import torch.nn.functional as F
 from sjd.core.sampling import SamplingConfig, logits_to_probs
 from sjd.drafters.data import DrafterData, Row
 from sjd.drafters.heads import DraftHeads
+from sjd.drafters.training import RecipeSettings
 from sjd.models.base import ModelAdapter
 from sjd.types import Logits
 
 
 @dataclass(frozen=True)
-class HeadsTrainSettings:
+class HeadsTrainSettings(RecipeSettings):
     epochs: int = 10
     lr: float = 1e-3
     batch_size: int = 4  # rows per step
@@ -49,17 +50,6 @@ class HeadsTrainSettings:
                 if not getattr(self, k) >= 0]  # fmt: skip
         if bad:
             raise ValueError("bad training settings: " + "; ".join(bad))
-
-    @classmethod
-    def from_dict(cls, values: dict) -> HeadsTrainSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"train: unknown setting(s) {unknown} (settings: {sorted(known)})")
-        return cls(**values)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def seed_of(settings: HeadsTrainSettings, step: int, what: int) -> int:

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 import torch
@@ -45,8 +46,23 @@ from sjd.drafters.net import DrafterNet, config_from_architecture
 from sjd.models.base import ModelAdapter
 
 
+class RecipeSettings:
+    """What a recipe's `train` settings dataclass reads from and writes to its record (both recipes share it)."""
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Self:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"train: unknown setting(s) {unknown} (settings: {sorted(known)})")
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
-class TrainSettings:
+class TrainSettings(RecipeSettings):
     epochs: int = 10
     lr: float = 1e-3
     batch_size: int = 4  # rows (images) per step
@@ -69,17 +85,6 @@ class TrainSettings:
                 if not getattr(self, k) >= 0]  # fmt: skip
         if bad:
             raise ValueError("bad training settings: " + "; ".join(bad))
-
-    @classmethod
-    def from_dict(cls, values: dict) -> TrainSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"train: unknown setting(s) {unknown} (settings: {sorted(known)})")
-        return cls(**values)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def steps_per_epoch(n_images: int, settings: TrainSettings) -> int:
