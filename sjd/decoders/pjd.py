@@ -76,6 +76,15 @@ class Segment:
 
 
 @dataclass
+class RowCall:
+    """What one generate() call of the row loop works with."""
+
+    adapter: ModelAdapter
+    sampling: SamplingConfig
+    clock: ForwardClock
+
+
+@dataclass
 class RowState:
     """One batch row: tokens, what is committed, per image row its progress and carried drafts."""
 
@@ -145,31 +154,58 @@ class PJDDecoder(Decoder):
         sampling: SamplingConfig,
         generators: Sequence[torch.Generator],
     ) -> DecodeResult:
+        """The row loop: plan every batch row's segments, one forward of them all, then verify and commit each
+        batch row (the hooks `plan_row`, `verify_row` and `finish_call`, which SSD fills with its own)."""
         layout, device, B = adapter.layout, adapter.device, len(prompts)
-        clock = ForwardClock(adapter)
-
-        first_tokens = clock.start(prompts, sampling, generators)
+        call = self.new_call(adapter, sampling)
+        first_tokens = call.clock.start(prompts, sampling, generators)
         states = [self._initial_state(layout, first_tokens[b], device) for b in range(B)]
         n_forward = [1] * B
 
         while not all(s.complete() for s in states):
-            plans = [self.plan(s, layout, generators[b]) for b, s in enumerate(states)]
+            plans = [self.plan_row(s, call, generators[b]) for b, s in enumerate(states)]
             tokens, positions, mask = self.window_inputs(plans, states, layout.n_tokens, device)
             keep = torch.stack([s.committed for s in states])
-            clock.lap("draft")
-            logits = clock.forward_at(tokens, positions, keep, mask)
+            call.clock.lap("draft")
+            logits = call.clock.forward_at(tokens, positions, keep, mask)
             p = self.target_probs(logits, positions, layout, sampling)
-            clock.lap("pipeline")
+            call.clock.lap("pipeline")
             for b, (s, plan) in enumerate(zip(states, plans)):
                 if not plan:
                     continue
-                s.accepted.append(self.verify_and_commit(s, plan, p[b], layout, generators[b], clock))
-                clock.lap("verify")  # the last segment's next drafts
+                s.accepted.append(self.verify_row(s, plan, p[b], call, generators[b], logits, b, positions[b]))
+                call.clock.lap("verify")  # the last segment's next drafts
                 self.mark_written(s, plan, positions[b], tokens[b])
                 n_forward[b] += 1
-                clock.lap("commit")
+                call.clock.lap("commit")
 
-        return clock.finish(torch.stack([s.tokens for s in states]), n_forward, [s.accepted for s in states])
+        return self.finish_call(call, states, n_forward)
+
+    # -- the hooks of the row loop -------------------------------------------------------------------------
+    def new_call(self, adapter: ModelAdapter, sampling: SamplingConfig) -> RowCall:
+        """What one generate() call works with: the model, the sampling and a fresh clock."""
+        return RowCall(adapter, sampling, ForwardClock(adapter))
+
+    def plan_row(self, s: RowState, call: RowCall, generator: torch.Generator) -> list[Segment]:
+        return self.plan(s, call.adapter.layout, generator)
+
+    def verify_row(
+        self,
+        s: RowState,
+        plan: list[Segment],
+        p: torch.Tensor,
+        call: RowCall,
+        generator: torch.Generator,
+        logits: Logits,
+        b: int,
+        positions: torch.Tensor,
+    ) -> int:
+        """Verify and commit batch row b's segments (`logits` and `positions`: the forward's, for a decoder that
+        reads the target's features); returns the codes committed."""
+        return self.verify_and_commit(s, plan, p, call.adapter.layout, generator, call.clock)
+
+    def finish_call(self, call: RowCall, states: list[RowState], n_forward: list[int]) -> DecodeResult:
+        return call.clock.finish(torch.stack([s.tokens for s in states]), n_forward, [s.accepted for s in states])
 
     @staticmethod
     def mark_written(s: RowState, plan: list[Segment], positions: torch.Tensor, tokens: torch.Tensor) -> None:

@@ -31,7 +31,6 @@ Our choices where the paper, as we could read it, leaves room (all settings, con
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -39,10 +38,10 @@ import torch
 from sjd.core.drafts import fresh_drafts, one_hot
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
 from sjd.decoders.base import DecodeResult, ForwardClock
-from sjd.decoders.pjd import PJDDecoder, RowState, Segment
+from sjd.decoders.pjd import PJDDecoder, RowCall, RowState, Segment
 from sjd.drafters.heads import HEADS_KEY, DraftHeads, heads_record, heads_settings, load_heads
 from sjd.models.base import ModelAdapter
-from sjd.types import CUSTOM_MASK, FEATURES, WINDOW, ImageLayout, Prompt
+from sjd.types import CUSTOM_MASK, FEATURES, WINDOW, ImageLayout, Logits
 
 DRAFTING = ("chain", "direct")
 
@@ -59,10 +58,10 @@ class SSDRowState(RowState):
 
 
 @dataclass
-class SSDCall:
-    adapter: ModelAdapter
+class SSDCall(RowCall):
+    """The row loop's call, with the heads and which LM head rows they run."""
+
     heads: DraftHeads
-    sampling: SamplingConfig
     code_head: bool
 
 
@@ -128,42 +127,34 @@ class SSDDecoder(PJDDecoder):
     def networks(self, adapter: ModelAdapter) -> dict[str, torch.nn.Module]:
         return {"heads": self.load(adapter)}
 
-    # -- the loop --------------------------------------------------------------------------------------
-    def generate(
+    # -- the row loop's hooks (sjd.decoders.pjd) ----------------------------------------------------------
+    def new_call(self, adapter: ModelAdapter, sampling: SamplingConfig) -> SSDCall:
+        heads, code_head = self.load(adapter), self.heads["head"] == "codes"
+        return SSDCall(adapter, sampling, ForwardClock(adapter), heads, code_head)
+
+    def plan_row(self, s: SSDRowState, call: SSDCall, generator: torch.Generator) -> list[Segment]:
+        return self.ssd_plan(s, call, generator)
+
+    def verify_row(
         self,
-        adapter: ModelAdapter,
-        prompts: Sequence[Prompt],
-        sampling: SamplingConfig,
-        generators: Sequence[torch.Generator],
-    ) -> DecodeResult:
-        layout, device, B = adapter.layout, adapter.device, len(prompts)
-        clock = ForwardClock(adapter)
-        call = SSDCall(adapter, self.load(adapter), sampling, self.heads["head"] == "codes")
-        first_tokens = clock.start(prompts, sampling, generators)
-        states = [self._initial_state(layout, first_tokens[b], device) for b in range(B)]
-        n_forward = [1] * B
-        while not all(s.complete() for s in states):
-            plans = [self.ssd_plan(s, call, generators[b]) for b, s in enumerate(states)]
-            tokens, positions, mask = self.window_inputs(plans, states, layout.n_tokens, device)
-            keep = torch.stack([s.committed for s in states])
-            clock.lap("draft")
-            logits = clock.forward_at(tokens, positions, keep, mask)
-            p = self.target_probs(logits, positions, layout, sampling)
-            clock.lap("pipeline")
-            hidden = logits.features.hidden
-            copies = hidden.shape[0] // B
-            for b, (s, plan) in enumerate(zip(states, plans)):
-                if not plan:
-                    continue
-                self.remember_features(s, positions[b], hidden[b::B] if copies > 1 else hidden[b : b + 1])
-                s.accepted.append(self.verify_rounds(s, plan, p[b], layout, generators[b]))
-                clock.lap("verify")
-                self.mark_written(s, plan, positions[b], tokens[b])
-                n_forward[b] += 1
-                clock.lap("commit")
-        result = clock.finish(torch.stack([s.tokens for s in states]), n_forward, [s.accepted for s in states])
+        s: SSDRowState,
+        plan: list[Segment],
+        p: torch.Tensor,
+        call: SSDCall,
+        generator: torch.Generator,
+        logits: Logits,
+        b: int,
+        positions: torch.Tensor,
+    ) -> int:
+        hidden = logits.features.hidden
+        B = logits.cond.shape[0]
+        self.remember_features(s, positions, hidden[b::B])  # the row's conditional, then unconditional, features
+        return self.verify_rounds(s, plan, p, call.adapter.layout, generator)
+
+    def finish_call(self, call: SSDCall, states: list[SSDRowState], n_forward: list[int]) -> DecodeResult:
+        result = super().finish_call(call, states, n_forward)
         result.extras["head_forwards"] = [s.head_forwards for s in states]
-        result.extras["heads"] = [self.window] * B  # a call runs a head about once per drafted column (the chain)
+        result.extras["heads"] = [self.window] * len(states)  # a call runs a head about once per drafted column
         return result
 
     def _initial_state(self, layout: ImageLayout, first: torch.Tensor, device: torch.device) -> SSDRowState:
