@@ -31,7 +31,7 @@ from studies.calibration_page import calibration_section
 from studies.cost_page import cost_section
 from studies.drafters_page import drafters_section
 from studies.engine_page import render_engine_page
-from studies.frontier import frontier
+from studies.frontier import frontier, published_lines
 from studies.goal_page import POWERED_PAGE, goal_section
 from studies.gpu_page import TITLE as GPU_TITLE
 from studies.gpu_page import render_gpu_page
@@ -85,6 +85,8 @@ def command_part(page: str, study: Study, i: int, rows: pd.DataFrame, out_dir: P
         name = f"{page}_{study.experiment}_{i}_{study.figure}.png"
         draw(study.figure, rows, out_dir / name)
         lines += [f"![{study.figure}]({name})", ""]
+        if study.figure == "frontier":
+            lines += published_lines(rows, pd.read_csv(PUBLISHED))
     return lines
 
 

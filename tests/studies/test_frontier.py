@@ -1,0 +1,43 @@
+"""The frontier figure and the published-speedup lines of a frontier study's page (studies.frontier)."""
+
+import json
+
+import pandas as pd
+
+from studies.frontier import frontier, published_lines
+
+
+def run_rows(lo: float, hi: float) -> pd.DataFrame:
+    lossless = json.dumps({"ar": True, "sjd": True, "ssd": False})
+    return pd.DataFrame(
+        {
+            "decoder": ["ar", "sjd", "ssd"],
+            "baseline": "ar",
+            "decoder_lossless": lossless,
+            "modelled_speedup": [1.0, 1.9, (lo + hi) / 2],
+            "modelled_speedup_lo": [1.0, 1.8, lo],
+            "modelled_speedup_hi": [1.0, 2.0, hi],
+            "tf_excess_nats": [0.0, 0.001, 0.05],
+            "tf_var_nats2": [2.0, 2.0, 2.0],
+            "tf_n_tokens": [16384, 16384, 16384],
+        }
+    )
+
+
+PUBLISHED = pd.DataFrame(
+    {"table": ["ssd_lumina"] * 2, "method": ["ar", "ssd"], "latency_speedup": [1.0, 10.0], "source": "a paper"}
+)
+
+
+def test_a_published_speedup_is_judged_by_the_interval():
+    inside = published_lines(run_rows(9.0, 11.0), PUBLISHED)
+    assert any("`ssd`: modelled 10.00x AR (9.00-11.00) against the published 10.00x" in line for line in inside)
+    assert any("agrees within 15%" in line for line in inside)
+    assert any("does not agree" in line for line in published_lines(run_rows(3.0, 4.0), PUBLISHED))
+    assert any("not distinguishable" in line for line in published_lines(run_rows(8.0, 10.0), PUBLISHED))
+    assert published_lines(run_rows(3.0, 4.0), PUBLISHED[PUBLISHED["method"] == "ar"]) == []
+
+
+def test_the_frontier_figure_is_drawn(tmp_path):
+    out = frontier(run_rows(9.0, 11.0), tmp_path / "f.png")
+    assert out.stat().st_size > 1000
