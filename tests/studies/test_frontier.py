@@ -41,3 +41,9 @@ def test_a_published_speedup_is_judged_by_the_interval():
 def test_the_frontier_figure_is_drawn(tmp_path):
     out = frontier(run_rows(9.0, 11.0), tmp_path / "f.png")
     assert out.stat().st_size > 1000
+
+
+def test_a_model_priced_as_no_gpu_plots_step_compression(tmp_path):
+    rows = run_rows(9.0, 11.0).assign(modelled_speedup=float("nan"), step_compression=[1.0, 4.0, 6.0])
+    assert frontier(rows, tmp_path / "f.png").stat().st_size > 1000
+    assert published_lines(rows, PUBLISHED) == []
