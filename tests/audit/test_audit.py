@@ -41,6 +41,8 @@ SETTINGS = {
     "sjd-sample-horizon": ["decoder=sjd", "decoder.init=sample_horizon"],
     "sjd-window8": ["decoder=sjd", "micro_decoder.window=8", "batch_size=500"],
     "sjd2-1step": ["model=micro_sjd2", "decoder=sjd2", "decoder.denoise_steps=1"],
+    # the drafter drafting one position inside a window of 4: its draft mixes with the carried coupled drafts
+    "csjd_pac_drafter-c1": ["decoder=csjd_pac_drafter_c1"],
 }
 
 
