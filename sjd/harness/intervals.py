@@ -167,14 +167,26 @@ def modelled_efficiency(
     return latency_ratio(base_s, mine_s) * forwards.sum(-1) / base_forwards.sum(-1)
 
 
+def unpriced_forwards(mine: pd.DataFrame) -> pd.Series | None:
+    """On a model with no GPU price, the forwards a decoder without a drafter or heads pays: its own target
+    forwards (fe_compression is then its step compression); None for one that drafts with a network."""
+    drafts = [c for c in ("drafter_forwards", "head_forwards") if c in mine]
+    if any(mine[c].fillna(0).ne(0).any() for c in drafts):
+        return None
+    return mine["n_forward"]
+
+
 def priced_intervals(mine: pd.DataFrame, base: pd.DataFrame) -> dict[str, float]:
     """Paired intervals over prompts of what a GPU would pay (sjd.harness.pricing): fe_compression (the
     baseline's forwards over the decoder's priced forwards), and the modelled speedup and efficiency of each
     modelled engine."""
     out = {}
+    priced = unpriced_forwards(mine)
     if "priced_forwards" in mine and mine["priced_forwards"].notna().all():
+        priced = mine["priced_forwards"]
+    if priced is not None:
         out["fe_compression_lo"], out["fe_compression_hi"] = bootstrap_interval(
-            latency_ratio, [base["n_forward"], mine["priced_forwards"]])  # fmt: skip
+            latency_ratio, [base["n_forward"], priced])  # fmt: skip
     for engine in ("", "eager_"):
         column = f"modelled_{engine}s"
         if column not in mine or mine[column].isna().any() or base[column].isna().any():
