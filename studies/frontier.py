@@ -66,11 +66,14 @@ BAND = 0.15  # a modelled speedup agrees with a published one when its interval 
 
 
 def published_lines(rows: pd.DataFrame, published: pd.DataFrame) -> list[str]:
-    """Each decoder of the run that a published row names (results/paper/published.csv, `method`): its modelled
-    speedup over AR beside the published latency speedup, with a verdict decided by the interval."""
+    """Each decoder of the run that a published row on its model names (results/paper/published.csv, `method`; the
+    published `model` is part of the run's, as lumina of standin_lumina_512_cal): its modelled speedup over AR
+    beside the published latency speedup, with a verdict decided by the interval."""
     lines = []
     for _, row in rows[rows["decoder"] != rows["baseline"].iloc[0]].iterrows():
-        theirs = published[(published["method"] == row["decoder"]) & published["latency_speedup"].notna()]
+        model = str(row.get("model", ""))
+        same_model = published["model"].astype(str).map(model.__contains__)  # lumina: standin_lumina_*
+        theirs = published[(published["method"] == row["decoder"]) & published["latency_speedup"].notna() & same_model]
         if theirs.empty or pd.isna(row.get("modelled_speedup")):
             continue
         for _, pub in theirs.iterrows():

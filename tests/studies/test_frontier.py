@@ -12,6 +12,7 @@ def run_rows(lo: float, hi: float) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "decoder": ["ar", "sjd", "ssd"],
+            "model": "standin_lumina_512_cal",
             "baseline": "ar",
             "decoder_lossless": lossless,
             "modelled_speedup": [1.0, 1.9, (lo + hi) / 2],
@@ -25,7 +26,13 @@ def run_rows(lo: float, hi: float) -> pd.DataFrame:
 
 
 PUBLISHED = pd.DataFrame(
-    {"table": ["ssd_lumina"] * 2, "method": ["ar", "ssd"], "latency_speedup": [1.0, 10.0], "source": "a paper"}
+    {
+        "table": ["ssd_lumina"] * 2,
+        "model": "lumina",
+        "method": ["ar", "ssd"],
+        "latency_speedup": [1.0, 10.0],
+        "source": "a paper",
+    }
 )
 
 
@@ -36,6 +43,7 @@ def test_a_published_speedup_is_judged_by_the_interval():
     assert any("does not agree" in line for line in published_lines(run_rows(3.0, 4.0), PUBLISHED))
     assert any("not distinguishable" in line for line in published_lines(run_rows(8.0, 10.0), PUBLISHED))
     assert published_lines(run_rows(3.0, 4.0), PUBLISHED[PUBLISHED["method"] == "ar"]) == []
+    assert published_lines(run_rows(9.0, 11.0), PUBLISHED.assign(model="llamagen")) == []  # another model's
 
 
 def test_the_frontier_figure_is_drawn(tmp_path):
