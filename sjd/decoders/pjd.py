@@ -43,7 +43,7 @@ Our choices where the official code leaves room (config in conf/decoder/pjd.yaml
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -73,6 +73,17 @@ class Segment:
     def n_lead(self) -> int:
         """Inputs before the drafts: the committed tokens and the draft anchor, if any."""
         return self.n_committed + (self.anchor_draft is not None)
+
+
+def row_segments(plan: list[Segment], p: torch.Tensor) -> Iterator[tuple[Segment, torch.Tensor]]:
+    """Each image row's segment of a batch row's plan, with p at its slots (`p_seg[j]` predicts the row's column
+    done + j); lead-in segments are skipped."""
+    i = 0
+    for seg in plan:
+        n_in = len(seg.positions)
+        if seg.row >= 0:
+            yield seg, p[i : i + n_in]
+        i += n_in
 
 
 @dataclass
@@ -374,14 +385,8 @@ class PJDDecoder(Decoder):
         segments' verify and commit stages are timed on `clock` as they alternate."""
         w, committed_now = layout.width, 0
         top = min((seg.row for seg in plan if seg.row >= 0), default=-1)
-        i = 0
-        for seg in plan:
-            n_in = len(seg.positions)
-            if seg.row < 0:
-                i += n_in
-                continue
-            r, n = seg.row, n_in - 1
-            p_seg = p[i : i + n_in]  # p_seg[j] predicts column done + j
+        for seg, p_seg in row_segments(plan, p):
+            r, n = seg.row, len(seg.positions) - 1
             u = torch.rand(2, n + 1, generator=generator, device=p.device)
             result = speculative_verify(
                 p_seg[None],
@@ -405,5 +410,4 @@ class PJDDecoder(Decoder):
             clock.lap("commit")
             s.carried[r], s.carried_q[r] = self.next_drafts(seg, p_seg, u[1], n, n_acc, take, min(n + 1, w - col))
             committed_now += take
-            i += n_in
         return committed_now

@@ -38,7 +38,7 @@ import torch
 from sjd.core.drafts import fresh_drafts, one_hot
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
 from sjd.decoders.base import DecodeResult, ForwardClock
-from sjd.decoders.pjd import PJDDecoder, RowCall, RowState, Segment
+from sjd.decoders.pjd import PJDDecoder, RowCall, RowState, Segment, row_segments
 from sjd.drafters.heads import HEADS_KEY, DraftHeads, heads_record, heads_settings, load_heads
 from sjd.models.base import ModelAdapter
 from sjd.types import CUSTOM_MASK, FEATURES, WINDOW, ImageLayout, Logits
@@ -275,19 +275,13 @@ class SSDDecoder(PJDDecoder):
         self, s: SSDRowState, plan: list[Segment], p: torch.Tensor, layout: ImageLayout, generator: torch.Generator
     ) -> int:
         """SSD's verification of every row block: each position on its own; the last round commits the block."""
-        w, committed_now, i = layout.width, 0, 0
-        for seg in plan:
-            n_in = len(seg.positions)
-            if seg.row < 0:
-                i += n_in
-                continue
-            r, n = seg.row, n_in - 1
-            p_seg = p[i : i + n_in]  # p_seg[j] predicts column done + j
+        w, committed_now = layout.width, 0
+        for seg, p_seg in row_segments(plan, p):
+            r, n = seg.row, len(seg.positions) - 1
             tokens, all_kept = independent_accept(p_seg[:n], seg.drafts, seg.q, generator)
             s.rounds_done[r] += 1
             if s.rounds_done[r] < self.rounds:
                 s.carried[r], s.carried_q[r] = tokens, p_seg[:n]
-                i += n_in
                 continue
             col = s.done[r]
             start = self._pos(layout, r, col)
@@ -303,7 +297,6 @@ class SSDDecoder(PJDDecoder):
             s.rounds_done[r] = 0
             s.carried[r], s.carried_q[r] = tokens[:0], p_seg[:0]
             committed_now += take
-            i += n_in
         return committed_now
 
 
