@@ -56,7 +56,7 @@ def frontier(rows: pd.DataFrame, out: Path) -> Path:
     ax.set_xlabel("excess nats a token over the target's own (one-sample audit; 0 = the target's distribution)")
     ax.set_ylabel(label)
     ax.set_title(
-        "o claims lossless, x lossy; bars: 95% intervals (excess nats: over tokens taken as independent, so too narrow)",
+        "o claims lossless, x lossy; 95% bars (excess nats: over tokens, so too narrow)",
         fontsize=8,
     )
     ax.grid(alpha=0.3)
