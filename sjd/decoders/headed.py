@@ -28,7 +28,7 @@ from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.sjd_pac import SJDPACDecoder
 from sjd.decoders.window import WindowCall, WindowStep
 from sjd.decoders.window_state import WindowState
-from sjd.drafters.heads import draw_from_heads, heads_record, heads_settings, load_heads
+from sjd.drafters.heads import DraftHeads, draw_from_heads, heads_record, heads_settings, load_heads
 from sjd.models.base import ModelAdapter
 from sjd.types import FEATURES
 
@@ -54,16 +54,20 @@ class HeadsContinuation:
         out["heads"] = {**self.heads, "record": heads_record(self.heads["weights"])}
         return out
 
+    def load(self, adapter: ModelAdapter) -> DraftHeads:
+        """The heads (`random` ones at the default offsets: horizontal, 1 to 4)."""
+        return load_heads(adapter, self.heads["weights"])
+
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
-        load_heads(adapter, self.heads["weights"])
+        self.load(adapter)
 
     def networks(self, adapter: ModelAdapter) -> dict[str, torch.nn.Module]:
-        return {"heads": load_heads(adapter, self.heads["weights"])}
+        return {"heads": self.load(adapter)}
 
     def begin(self, state: WindowState, call: WindowCall) -> None:
         super().begin(state, call)
-        heads = load_heads(call.adapter, self.heads["weights"])
+        heads = self.load(call.adapter)
         state.head_forwards, state.heads = [0] * len(state.committed), len(heads.offsets)
         features = call.clock.prefill_features.hidden[:, -1]  # the prompt's last slot predicts position 0
         self.redraft(state, call, features)
@@ -83,10 +87,13 @@ class HeadsContinuation:
         rows = torch.arange(hidden.shape[0], device=device)
         self.redraft(state, call, hidden[rows, slot.repeat(copies)])
 
-    def redraft(self, state: WindowState, call: WindowCall, features: torch.Tensor) -> None:
+    def redraft(
+        self, state: WindowState, call: WindowCall, features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One heads call on `features` [R, H], each row's predicting its last committed position: the drafts
-        at `offsets` after it replace (or extend) the row's carried drafts."""
-        heads = load_heads(call.adapter, self.heads["weights"])
+        at `offsets` after it replace (or extend) the row's carried drafts. Returns the call's positions, drafts
+        and q (draw_from_heads), for drafts a subclass keeps elsewhere."""
+        heads = self.load(call.adapter)
         committed = state.committed
         predicts = torch.as_tensor(committed, device=features.device) - 1
         code_head = self.heads["head"] == "codes"
@@ -114,6 +121,7 @@ class HeadsContinuation:
                         carried, carried_q = carried.clone(), carried_q.clone()
                     carried[index], carried_q[index] = drafts[b, k], q[b, k]
             state.carried[b], state.carried_q[b] = carried, carried_q
+        return positions, drafts, q
 
 
 @dataclass(eq=False, kw_only=True)

@@ -66,6 +66,7 @@ class TreeWindow:
     sibling_slot: torch.Tensor  # [B, D, K-1] their slots (0 where absent)
     has_sibling: torch.Tensor  # [B, D, K-1]
     keep: torch.Tensor | None = None  # [B, N] generated positions whose cached K/V each row keeps
+    sibling_q: torch.Tensor | None = None  # [B, D, K-1, V] where each sibling was drawn on its own from its q
 
 
 @dataclass
@@ -208,14 +209,11 @@ class SJDPACDecoder(CoupledSJDDecoder):
             n = state.committed[b]
             lead = n - cached[b] if widths[b] else 0
             d, dq, counts = self.plan_row(state, b, lead, widths[b], layout, generators[b], room)
-            sib = torch.zeros(len(counts), K1, dtype=torch.long, device=device)
-            if counts:
-                u = torch.rand(len(counts), V, generator=generators[b], device=device)
-                sib, _ = draw_siblings(dq[: len(counts)], d[: len(counts)], K1, u)  # the first counts[k] exist
-            rows.append((lead, d, dq, sib, counts))
+            sib, sib_q = self.row_siblings(state, b, d, dq, counts, generators[b])
+            rows.append((lead, d, dq, sib, counts, sib_q))
 
-        W = max(1, max(lead + len(d) + sum(counts) for lead, d, _, _, counts in rows))
-        C = max(len(d) for _, d, _, _, _ in rows)
+        W = max(1, max(lead + len(d) + sum(counts) for lead, d, _, _, counts, _ in rows))
+        C = max(len(d) for _, d, _, _, _, _ in rows)
         tokens = torch.zeros(B, W, dtype=torch.long, device=device)
         positions = torch.full((B, W), -1, dtype=torch.long)
         mask = torch.zeros(B, W, W, dtype=torch.bool)
@@ -226,7 +224,9 @@ class SJDPACDecoder(CoupledSJDDecoder):
         siblings = torch.zeros(B, D, K1, dtype=torch.long, device=device)
         sibling_slot = torch.zeros(B, D, K1, dtype=torch.long)
         has_sibling = torch.zeros(B, D, K1, dtype=torch.bool)
-        for b, (lead, d, dq, sib, counts) in enumerate(rows):
+        own_q = any(sib_q is not None for *_, sib_q in rows)
+        sibling_q = torch.zeros(B, D, K1, V, device=device) if own_q else None
+        for b, (lead, d, dq, sib, counts, sib_q) in enumerate(rows):
             n, c = state.committed[b], len(d)
             line = lead + c  # lead-in and chain: one causal run
             tokens[b, :lead] = state.tokens[b, n - lead : n]
@@ -242,13 +242,33 @@ class SJDPACDecoder(CoupledSJDDecoder):
                 mask[b, slot, : lead + k] = True
                 transient[b, slot] = True
                 siblings[b, k, i], sibling_slot[b, k, i], has_sibling[b, k, i] = sib[k, i], slot, True
+                if sib_q is not None:
+                    sibling_q[b, k, i] = sib_q[k, i]
                 slot += 1
-        lengths = [len(d) for _, d, _, _, _ in rows]
+        lengths = [len(d) for _, d, *_ in rows]
         n_drafts = torch.tensor(lengths, device=device)
         return TreeWindow(
             tokens, positions, mask, transient, chain_slot, drafts, q, n_drafts, lengths, siblings, sibling_slot,
-            has_sibling,
+            has_sibling, sibling_q=sibling_q,
         )  # fmt: skip
+
+    def row_siblings(
+        self,
+        state: WindowState,
+        b: int,
+        d: torch.Tensor,
+        dq: torch.Tensor,
+        counts: list[int],
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Row b's siblings of its first len(counts) chain drafts `d` ([D, K-1] ids, the first counts[k] of row k
+        used) and, where each was drawn on its own from a distribution of its own, those ([D, K-1, V]; None here:
+        SJD-PAC's are drawn without replacement from the chain draft's q, draw_siblings)."""
+        sib = torch.zeros(len(counts), self.branches - 1, dtype=torch.long, device=state.tokens.device)
+        if counts:
+            u = torch.rand(len(counts), dq.shape[-1], generator=generator, device=state.tokens.device)
+            sib, _ = draw_siblings(dq[: len(counts)], d[: len(counts)], self.branches - 1, u)
+        return sib, None
 
     def verify_tree(self, step: TreeStep) -> TreeVerdict:
         """Chain tests; recursive rejection sampling over the siblings at the first rejection."""
@@ -267,7 +287,13 @@ class SJDPACDecoder(CoupledSJDDecoder):
             k = n_acc.clamp(max=self.branch_depth - 1)
             present = win.has_sibling.to(device)[rows, k] & ((n_acc < self.branch_depth) & has_draft)[:, None]
             chain_draft = win.drafts[rows, n_acc.clamp(max=max(C - 1, 0))] if C else torch.zeros_like(n_acc)
-            picked, target = verify_siblings(target, q_at, chain_draft, win.siblings[rows, k], present, u["sibling"])
+            siblings = win.siblings[rows, k]
+            if win.sibling_q is None:
+                picked, target = verify_siblings(target, q_at, chain_draft, siblings, present, u["sibling"])
+            else:
+                picked, target = verify_independent_siblings(
+                    target, win.sibling_q[rows, k], siblings, present, u["sibling"]
+                )
             sib_p = p[rows, win.sibling_slot.to(device)[rows, k, picked.clamp(min=0)]]
         next_token = sample_from(target, u["final"])
         bonus = self.bonus_after_sibling(sib_p, win, n_acc + 1, u)
@@ -402,4 +428,29 @@ def verify_siblings(
         still = (open_ & ~ok)[:, None]
         target = torch.where(still, residual(target, q_i), target)
         pool = torch.where(still, pool.scatter(1, s[:, None], 0.0), pool)
+    return picked, target
+
+
+def verify_independent_siblings(
+    target: torch.Tensor,
+    q: torch.Tensor,
+    siblings: torch.Tensor,
+    present: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recursive rejection sampling over siblings each drawn on its own: sibling i [B] from q[:, i] [B, V],
+    independently of the chain draft, of the other siblings and of every coin. `target` [B, V] is
+    norm(max(0, p - q_chain)) after the chain draft's rejection. Sibling i is accepted iff
+    u * q_i(s) < target(s); on rejection target <- norm(max(0, target - q_i)). Each stage is a speculative-sampling
+    step of a fresh, independent draft against the target left, so the token committed is distributed as p whatever
+    the q_i are. Returns the accepted sibling's index (-1: none) and the target left."""
+    B = target.shape[0]
+    rows = torch.arange(B, device=target.device)
+    picked = torch.full((B,), -1, dtype=torch.long, device=target.device)
+    for i in range(siblings.shape[1]):
+        open_ = present[:, i] & (picked < 0)
+        q_i, s = q[:, i], siblings[:, i]
+        ok = open_ & (uniforms[:, i] * q_i[rows, s] < target[rows, s])
+        picked = torch.where(ok, i, picked)
+        target = torch.where((open_ & ~ok)[:, None], residual(target, q_i), target)
     return picked, target
