@@ -52,6 +52,9 @@ INTERVAL_SOURCES = {
 INTERVAL_COLUMNS = [f"{c}_{end}" for c in INTERVAL_SOURCES for end in ("lo", "hi")]
 TF_SHOWN = ["tf_p", "tf_excess_nats", "tf_n_tokens", "tf_tokens_needed", "tf_control_p"]  # one-sample audit
 OFFICIAL_SJD, HARNESS_SJD = "sjd_official", "sjd_harness"
+# The official schedule with the harness's forced drafts (the regime-map runs' reference, a config of its own):
+FORCED = "_forced"
+OFFICIAL_REFERENCES = (OFFICIAL_SJD, OFFICIAL_SJD + FORCED)
 AUDIT_ALPHA = 0.01
 
 SJD_PUBLISHED = 2.22  # SJD's step compression on Lumina-mGPT 7B (results/paper/published.csv, sjd_lumina_coco5k)
@@ -133,15 +136,21 @@ def audit_verdict(own: Mapping, config: Mapping, powered: pd.DataFrame | None, r
     return (flag if powered_flag is None else powered_flag), audit
 
 
+def run_official_sjd(rows: pd.DataFrame) -> str:
+    """The run's official-schedule SJD: the official sampler's drafts, or the harness's forced ones."""
+    return next((d for d in OFFICIAL_REFERENCES if d in set(rows["decoder"])), OFFICIAL_SJD)
+
+
 def run_table(rows: pd.DataFrame, powered: pd.DataFrame | None = None) -> pd.DataFrame:
     """The regime rows of one run (one model, one window), each decoder's `audited_lossless` by audit_verdict."""
     configs = json.loads(rows["decoder_configs"].iloc[0])
     baseline = rows["baseline"].iloc[0]
     by_name = rows.set_index("decoder")
-    missing = [d for d in (baseline, OFFICIAL_SJD, HARNESS_SJD) if d not in by_name.index]
+    official = run_official_sjd(rows)
+    missing = [d for d in (baseline, official, HARNESS_SJD) if d not in by_name.index]
     if missing:
         raise ValueError(f"regime map run {rows['run_dir'].iloc[0]} lacks the decoder(s) {missing}")
-    window = int(configs[OFFICIAL_SJD]["window"])  # the run's window; PJD and ZipAR keep their own settings
+    window = int(configs[official]["window"])  # the run's window; PJD and ZipAR keep their own settings
     entropy = float(by_name.loc[baseline, "entropy_nats"])
     lossless = json.loads(rows["decoder_lossless"].iloc[0])
     table = pd.DataFrame(
@@ -154,7 +163,7 @@ def run_table(rows: pd.DataFrame, powered: pd.DataFrame | None = None) -> pd.Dat
             "images": rows["n_prompts"].values,  # samples: prompts times seeds per prompt
             "step_compression": rows["step_compression"].values,
             "inputs_per_token": rows["inputs_per_token"].values if "inputs_per_token" in rows else np.nan,
-            "vs_official_sjd": rows["step_compression"].values / by_name.loc[OFFICIAL_SJD, "step_compression"],
+            "vs_official_sjd": rows["step_compression"].values / by_name.loc[official, "step_compression"],
             "vs_harness_sjd": rows["step_compression"].values / by_name.loc[HARNESS_SJD, "step_compression"],
             "latency_speedup": rows["latency_speedup"].values,
             "efficiency": rows["efficiency"].values,
@@ -199,7 +208,9 @@ def with_intervals(table: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
     """A run's regime rows (run_table) with each ratio's interval and step_compression_se from its
     summary rows; NaN where the rows were written before runs recorded them."""
     out = table.copy()
+    official = run_official_sjd(rows)
     for column, source in INTERVAL_SOURCES.items():
+        source = f"vs_{official}" if column == "vs_official_sjd" else source
         for end in ("lo", "hi"):
             out[f"{column}_{end}"] = rows[f"{source}_{end}"].values if f"{source}_{end}" in rows else np.nan
     out["step_compression_se"] = rows["step_compression_se"].values if "step_compression_se" in rows else np.nan
@@ -220,14 +231,35 @@ def regime_table(runs: list[pd.DataFrame], powered: pd.DataFrame | None = None) 
     return table.drop(columns="_order").reset_index(drop=True)
 
 
+def official_sjd_rows(table: pd.DataFrame, window: int) -> pd.DataFrame:
+    """Per model, its official-schedule SJD at `window`: the official sampler's drafts where a run has it, else
+    the harness's forced drafts."""
+    rows = table[table["decoder"].isin(OFFICIAL_REFERENCES) & (table["window"] == window)]
+    rows = rows.assign(_rank=rows["decoder"].map(OFFICIAL_REFERENCES.index)).sort_values("_rank", kind="stable")
+    return rows.drop_duplicates("model").drop(columns="_rank").sort_index()
+
+
 def anchors(table: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
-    """Per model: each anchor ratio, ours and published, and ours over published (1 = reproduced)."""
+    """Per model: each anchor ratio, ours and published, and ours over published (1 = reproduced). Each official
+    decoder is the official sampler's where a run has it, else the same config with the harness's forced drafts
+    (`drafts` says which the ratio used)."""
+
+    def pick(model: str, decoder: str, window: int | None) -> pd.DataFrame:
+        for name in (decoder, decoder + FORCED):
+            rows = table[(table["model"] == model) & (table["decoder"] == name)]
+            if window is not None:
+                rows = rows[rows["window"] == window]
+            if len(rows):
+                return rows
+        return rows
 
     def compression(model: str, decoder: str, window: int | None, column: str = "step_compression") -> float:
-        rows = table[(table["model"] == model) & (table["decoder"] == decoder)]
-        if window is not None:
-            rows = rows[rows["window"] == window]
+        rows = pick(model, decoder, window)
         return float(rows[column].iloc[0]) if len(rows) and column in rows else float("nan")
+
+    def drafts(model: str, *decoders: tuple[str, int | None]) -> str:
+        used = [pick(model, d, w)["decoder"] for d, w in decoders if d != "ar"]
+        return "forced" if any(len(u) and u.iloc[0].endswith(FORCED) for u in used) else "official"
 
     out = []
     for model in dict.fromkeys(table["model"]):
@@ -243,7 +275,8 @@ def anchors(table: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
                 ours = top / bottom
                 lo, hi = ratio_interval(ours, [top_se / top, bottom_se / bottom])
             theirs = published_ratio(published, pub, pub_ref)
-            out.append({"model": model, "entropy_nats": entropy, "anchor": name, "ours": ours, "ours_lo": lo,
+            out.append({"model": model, "entropy_nats": entropy, "anchor": name,
+                        "drafts": drafts(model, (decoder, window), (ref, ref_window)), "ours": ours, "ours_lo": lo,
                         "ours_hi": hi, "published": theirs, "ours_over_published": ours / theirs,
                         "ours_over_published_lo": lo / theirs, "ours_over_published_hi": hi / theirs})  # fmt: skip
     return pd.DataFrame(out)
@@ -274,12 +307,12 @@ def goal(
     step compression), the audited lossless decoder with the highest step compression at that window
     (on `schedule` only, if given). Where none is audited with power, the one among the lossless
     decoders whose one-sample audit passes without power, marked `audited: False`."""
-    sjd = table[(table["decoder"] == OFFICIAL_SJD) & (table["window"] == window)]
+    sjd = official_sjd_rows(table, window)
     if sjd.empty:
         return None
     model = sjd.loc[(sjd["step_compression"] - target).abs().idxmin(), "model"]
     rows = table[(table["model"] == model) & (table["window"] == window)]
-    rows = rows[~rows["decoder"].isin(["ar", OFFICIAL_SJD, HARNESS_SJD])]
+    rows = rows[~rows["decoder"].isin(["ar", *OFFICIAL_REFERENCES, HARNESS_SJD])]
     if schedule is not None:
         rows = rows[rows["schedule"] == schedule]
     audited = rows[rows["audited_lossless"].eq(True)]

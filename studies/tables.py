@@ -111,9 +111,11 @@ def with_interval(
 
 
 def interval_cells(
-    rows: pd.DataFrame, column: str, lo: str, hi: str, fmt: str, reference: str | None, unit: str = ""
+    rows: pd.DataFrame, column: str, lo: str, hi: str, fmt: str, reference: str | tuple[str, ...] | None, unit: str = ""
 ) -> list[str]:
-    """A ratio column with its interval beside each value; the reference row (a ratio to itself) bare."""
+    """A ratio column with its interval beside each value; the reference row (a ratio to itself; `reference` may
+    name several, each its own run's) bare."""
+    references = tuple(reference) if isinstance(reference, tuple | list) else (reference,)
     missing = pd.Series([float("nan")] * len(rows), index=rows.index)
     los, his = rows[lo] if lo in rows else missing, rows[hi] if hi in rows else missing
     units = rows["n_captions"] if "n_captions" in rows else missing  # older rows lack it: NO_INTERVAL
@@ -124,7 +126,7 @@ def interval_cells(
         units = rows["latency_units"].fillna(alone) if "latency_units" in rows else alone
         los, his, too_few = los.where(units.notna()), his.where(units.notna()), ONE_BATCH
     return [
-        cell(v, fmt) + unit if d == reference else with_interval(v, a, b, fmt, n, unit, too_few)
+        cell(v, fmt) + unit if d in references else with_interval(v, a, b, fmt, n, unit, too_few)
         for d, v, a, b, n in zip(rows["decoder"], rows[column], los, his, units)
     ]
 

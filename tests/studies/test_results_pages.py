@@ -242,9 +242,29 @@ def test_a_regime_page_joins_its_runs_with_ratios_anchors_and_the_goal(pages, tm
     assert table.loc[(table["model"] == "b") & (table["decoder"] == "scd_official"), "audited_lossless"].isna().all()
     page = (out / "regime.md").read_text()
     assert "![regime map](regime.png)" in page and (out / "regime.png").is_file()
-    assert "| a | SJD over AR | 4.50 | 2.00 (n/a: rerun) | 2.22 | 0.90 (n/a: rerun) |" in page  # published SJD: 2.22x
+    # SJD over AR on a: 2.00 against the published 2.22x
+    assert "| a | SJD over AR | official | 4.50 | 2.00 (n/a: rerun) | 2.22 | 0.90 (n/a: rerun) |" in page
     assert "On `a`," in page and "is `scd_official`: 1.50x (n/a: rerun) official-schedule SJD's" in page
     assert "does not say that `scd_official` compresses more than either SJD" in page
+
+
+def test_a_regime_run_with_forced_drafts_takes_its_own_official_sjd_and_the_anchors_say_so():
+    """A run whose official-schedule rows keep the harness's forced drafts (`*_official_forced`) is divided by its
+    own SJD, and an anchor takes the official sampler's row where a model has one, else that run's, marked."""
+    from studies import regime
+
+    forced = pd.DataFrame(regime_rows("a", 4.5, {"sjd_official_forced": 2.0, "sjd_harness": 2.5,
+                                                 "scd_official_forced": 3.0}, {}, {}))  # fmt: skip
+    table = regime.regime_table([forced])
+    row = table[table["decoder"] == "scd_official_forced"].iloc[0]
+    assert row["vs_official_sjd"] == 1.5
+    anchors = regime.anchors(table, pd.read_csv(ROOT / "results" / "paper" / "published.csv")).set_index("anchor")
+    assert anchors.loc["SJD over AR", "drafts"] == "forced" and anchors.loc["SJD over AR", "ours"] == 2.0
+    official = pd.DataFrame(regime_rows("a", 4.5, {"sjd_official": 2.2, "sjd_harness": 2.5}, {}, {}))
+    both = regime.regime_table([forced, official.assign(run_dir="a2")])
+    anchors = regime.anchors(both, pd.read_csv(ROOT / "results" / "paper" / "published.csv")).set_index("anchor")
+    assert anchors.loc["SJD over AR", "drafts"] == "official" and anchors.loc["SJD over AR", "ours"] == 2.2
+    assert regime.goal(both)["model"] == "a"
 
 
 @pytest.mark.parametrize(
