@@ -11,7 +11,7 @@ the window or the branch count. Also printed: outside_model_frac and the stage s
 per batch size. Every decoder of conf/decoder/ runs (or `--decoders`), built from its config as the
 runner builds it; those whose required capabilities the model lacks are skipped, with a message.
 `--prompts N`: N batches of each size per decoder. One run, decoders alternating their order, one
-torch thread, the decoders' clocks reading CPU time (`--wall` for wall time): sjd/harness/bookkeeping.py.
+torch thread, the decoders' clocks reading CPU time (`--wall` for wall time): sjd/bench/bookkeeping.py.
 Prints ratios measured in this run; asserts nothing about time.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from sjd.harness.bookkeeping import measure
+from sjd.bench.bookkeeping import measure
 from sjd.harness.provenance import git_hash
 from sjd.harness.results import markdown_table
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from sjd.bench.bookkeeping import build_model, decoder_configs, entrants, model_config, prompt_batches
 from sjd.core.seeding import sample_generators
-from sjd.harness.bookkeeping import build_model, decoder_configs, entrants, model_config, prompt_batches
 from sjd.harness.intervals import bootstrap_interval, latency_ratio
 from sjd.harness.provenance import git_hash
 from sjd.harness.results import markdown_table

@@ -1,4 +1,4 @@
-"""Host syncs and operator calls per decoder iteration, counted on the CPU (sjd/harness/syncs.py).
+"""Host syncs and operator calls per decoder iteration, counted on the CPU (sjd/bench/syncs.py).
 
     python scripts/count_syncs.py [--model toy] [--decoders ar,sjd,...] [--windows 16,64] [--batches 1,8]
                                   [--caches dynamic,static] [--out results/syncs.csv]
@@ -9,7 +9,7 @@ of the model's first prompts under a SyncCounter: syncs per iteration in the dec
 in the model forward, the decoder's sync sites with what each is for, and operator calls outside the forward (kernel
 launches on a GPU). Counts, not times: the same on any machine for the same code and seeds. Writes the table
 with its provenance (model, command, git hash, torch) to `--out` when given. A decoder's own networks (a drafter)
-count as forwards, not as its calls (sjd.harness.syncs.count_decode).
+count as forwards, not as its calls (sjd.bench.syncs.count_decode).
 
 `--forward-ops` prints instead the operator calls of one width-1 forward of the model, outside its layers and per
 layer: the eager forward's launches that sjd.core.cost prices (FORWARD_OPS_FIXED, FORWARD_OPS_PER_LAYER).
@@ -26,11 +26,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from sjd.bench.bookkeeping import build_model, decoder_configs, entrants, model_config, prompt_batches
+from sjd.bench.syncs import count_decode, forward_op_counts, report_row, sync_purposes
 from sjd.core.seeding import make_generators
-from sjd.harness.bookkeeping import build_model, decoder_configs, entrants, model_config, prompt_batches
 from sjd.harness.provenance import git_hash
 from sjd.harness.results import markdown_table
-from sjd.harness.syncs import count_decode, forward_op_counts, report_row, sync_purposes
 
 
 def ints(text: str) -> list[int]:

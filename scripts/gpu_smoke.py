@@ -11,7 +11,7 @@ real ones (Lumina 768 px: 48 x 49 + 5 = 2357 tokens; Anole 1026; Emu3 8193; Janu
 T5 encoder is a one-layer random stand-in of flan-t5-xl's width: only the GPT is timed.
 
 Per model, batch 1 with CFG (two cache rows, as the decoders run):
-- syncs: host syncs per iteration of AR's and SJD's eager loops, counted on the device (sjd/harness/syncs.py).
+- syncs: host syncs per iteration of AR's and SJD's eager loops, counted on the device (sjd/bench/syncs.py).
 - decode: AR and SJD (window 16) through the real decoders on each engine of `--engines` (eager on the dynamic
   cache; compiled on the static cache for the models of `--compile-models`, reduce-overhead on CUDA, each
   width compiled in an untimed warm-up decode; `vs_eager` is the engine's speedup per token over eager), on
@@ -45,13 +45,13 @@ import pandas as pd
 import torch
 from real_architectures import BUILDERS, MODELS, PROMPT, sampling_for
 
+from sjd.bench.syncs import count_decode, report_row
 from sjd.core.sampling import SamplingConfig
 from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.harness.provenance import git_hash
 from sjd.harness.results import markdown_table
-from sjd.harness.syncs import count_decode, report_row
 from sjd.models.base import ModelAdapter
 from sjd.models.loading import torch_dtype
 from sjd.types import ImageLayout
@@ -144,7 +144,7 @@ def measure_model(name: str, args, device: torch.device, dtype: torch.dtype, row
 
     sampling = sampling_for(name)
     decoders = [ARDecoder(), SJDDecoder(name=f"sjd{args.sjd_window}", window=args.sjd_window)]
-    for d in decoders:  # host syncs per iteration of the eager loop, on the device (sjd/harness/syncs.py)
+    for d in decoders:  # host syncs per iteration of the eager loop, on the device (sjd/bench/syncs.py)
         counts = count_decode(lambda d=d: decode(adapter, d, sampling, min(48, args.decode_tokens)), adapter, {})
         rows.append({**base, "measure": f"syncs_{d.name}", **report_row([counts]), "note": note})
     engines = [e for e in args.engines if e == "eager_dynamic" or name in args.compile_models]

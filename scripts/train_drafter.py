@@ -19,7 +19,8 @@ Training (sjd.drafters.recipe says what the record holds):
 
 On a GPU the same command trains a real model's drafter (device=auto), given `data.captions=<prompt file>`.
 Rerunning a finished command with an unchanged recipe does nothing; a killed one resumes where its last state
-was written and ends with the weights an uninterrupted run gives. The work is done by sjd.harness.drafter_training.
+was written and ends with the weights an uninterrupted run gives. The work is done by sjd.training.drafter and
+sjd.training.drafter_checks.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import sys
 
 from omegaconf import DictConfig
 
-from sjd.harness.drafter_training import build, main_check
+from sjd.training.drafter import build
+from sjd.training.drafter_checks import main_check
 
 
 def main() -> None:

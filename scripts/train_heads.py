@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from sjd.drafters.heads import CONFIG_FILE, WEIGHTS_FILE, DraftHeads, HeadsConfig, read_heads_config, save_heads
 from sjd.drafters.heads_training import HeadsTrainSettings, acceptance, train_heads
 from sjd.drafters.recipe import file_sha256, recipe_sha, target_identity
-from sjd.harness.drafter_training import (
+from sjd.training.drafter import (
     cached_parts,
     data_key,
     load_target,

@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from sjd.harness import plots
+from studies import figures
 from studies.calibration_page import calibration_section
 from studies.cost_page import cost_section
 from studies.drafters_page import drafters_section
@@ -62,11 +63,11 @@ def draw(figure: str, rows: pd.DataFrame, out: Path) -> Path:
     others = rows[rows["decoder"] != baseline]
     if figure == "window":
         table = others.assign(window=[configs[d]["window"] for d in others["decoder"]])
-        return plots.window_sweep(table, out)
+        return figures.window_sweep(table, out)
     if figure == "quality":
-        return plots.quality_vs_speedup(rows, out)
+        return figures.quality_vs_speedup(rows, out)
     if figure == "pareto":
-        return plots.pareto(others.assign(ar_noise_tv=others["audit_noise_tv"]), out)
+        return figures.pareto(others.assign(ar_noise_tv=others["audit_noise_tv"]), out)
     if figure == "frontier":
         return frontier(rows, out)
     return plots.accept_histograms(rows, out)

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from sjd.harness import plots
 from sjd.harness.intervals import excludes_one
 from sjd.harness.prompts import resolve_path
-from studies import regime
+from studies import figures, regime
 from studies.overlays import Study
 from studies.tables import NO_INTERVAL, cell, interval_cells, latest_runs, markdown
 
@@ -42,7 +41,7 @@ def regime_section(
     tables_dir.mkdir(parents=True, exist_ok=True)
     table.to_csv(tables_dir / f"{page}.csv", index=False, float_format="%.6g")
     figure = f"{page}.png"
-    plots.regime_map(table, out_dir / figure)
+    figures.regime_map(table, out_dir / figure)
     reading = [READING + regime.power_text(table), ""]
     sections = [*combined_table(page, table, figure), *anchor_section(table), *goal_section(table)]
     return [*sections, *seed_section(regime.seed_calibration(runs)), *reading]

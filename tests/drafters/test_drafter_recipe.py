@@ -44,10 +44,12 @@ MODELS = {"drafter_toy": "toy", "drafter_standin_lumina_512_cal": "standin_lumin
 
 @pytest.fixture(scope="module")
 def script():
-    """What scripts/train_drafter.py runs (the script is its command line only)."""
-    from sjd.harness import drafter_training
+    """What scripts/train_drafter.py runs (the script is its command line only): the training and its checks."""
+    from types import SimpleNamespace
 
-    return drafter_training
+    from sjd.training import drafter, drafter_checks
+
+    return SimpleNamespace(**(vars(drafter) | vars(drafter_checks)))
 
 
 @pytest.fixture(scope="module")

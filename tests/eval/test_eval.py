@@ -138,7 +138,7 @@ def test_eval_configs_fail_before_any_model_with_the_key_to_set(compose_cfg, tmp
 
 
 def test_quality_vs_speedup_plot(tmp_path):
-    from sjd.harness.plots import quality_vs_speedup
+    from studies.figures import quality_vs_speedup
 
     table = pd.DataFrame(
         {"model": ["toy"] * 3, "decoder": ["ar", "sjd", "pjd"], "latency_speedup": [1.0, 3.2, 3.0],

@@ -28,8 +28,8 @@ import torch
 from decoder_on_model import fitted, resolved_decoder
 from torch._dynamo.utils import counters
 
+from sjd.bench.bookkeeping import build_model
 from sjd.core.seeding import make_generators
-from sjd.harness.bookkeeping import build_model
 from sjd.harness.decoder_configs import algorithm_configs
 from sjd.harness.prompts import load_prompt_file
 from sjd.types import EMBEDS

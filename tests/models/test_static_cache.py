@@ -8,8 +8,8 @@ import pytest
 import torch
 from decoder_on_model import fitted, resolved_decoder
 
+from sjd.bench.bookkeeping import build_model
 from sjd.core.seeding import make_generators
-from sjd.harness.bookkeeping import build_model
 from sjd.harness.decoder_configs import algorithm_configs
 from sjd.harness.prompts import load_prompt_file
 from sjd.models.static_cache import StaticRowCache

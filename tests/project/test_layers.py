@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("drafters",),
     ("decoders", "sjd2", "standin", "eval"),
     ("audit",),
-    ("harness",),
+    ("harness", "training", "bench"),
 )
 LAYER_OF = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 

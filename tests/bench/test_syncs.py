@@ -1,13 +1,13 @@
-"""The sync counter (sjd/harness/syncs.py): what it counts as a host sync, and the counts of SJD and AR on the toy."""
+"""The sync counter (sjd/bench/syncs.py): what it counts as a host sync, and the counts of SJD and AR on the toy."""
 
 import torch
 
+from sjd.bench.syncs import SyncCounter, count_decode, report_row, sync_purposes
 from sjd.core.sampling import SamplingConfig
 from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.harness.prompts import load_prompt_file
-from sjd.harness.syncs import SyncCounter, count_decode, report_row, sync_purposes
 
 PROMPTS = load_prompt_file("sjd/assets/prompts/toy.tsv")[:2]
 
@@ -111,9 +111,9 @@ def test_the_drafter_and_coupled_decoders_sync_once_an_iteration(toy):
 def test_the_forward_op_constants_are_the_stand_ins_count():
     """FORWARD_OPS_FIXED and FORWARD_OPS_PER_LAYER are what the sync counter counts in one forward of
     transformers' Chameleon (the calibrated stand-in's network), as `scripts/count_syncs.py --forward-ops`."""
+    from sjd.bench.bookkeeping import build_model, prompt_batches
+    from sjd.bench.syncs import forward_op_counts
     from sjd.core import cost
-    from sjd.harness.bookkeeping import build_model, prompt_batches
-    from sjd.harness.syncs import forward_op_counts
 
     adapter, _ = build_model("standin_lumina_512_cal")
     (group,) = prompt_batches("standin_lumina_512_cal", 1, 1)

@@ -3,10 +3,10 @@ invariants that hold whatever the timings (never the timings themselves)."""
 
 import pytest
 
+from sjd.bench import bookkeeping
 from sjd.core.sampling import SamplingConfig
 from sjd.core.seeding import make_generators
 from sjd.decoders.stages import STAGES
-from sjd.harness import bookkeeping
 from sjd.types import Prompt
 
 FRACS = [f"{s}_frac" for s in STAGES]

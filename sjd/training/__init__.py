@@ -1,0 +1,1 @@
+"""Training pipelines above the layers they compose: models, AR decoding, caption spaces and prompt files."""
