@@ -179,6 +179,8 @@ def recursive_rejection(
       without the verification coins (docs/algorithms.md §12.4).
     - Candidates drawn from q without replacement (EAGLE-1's children, SJD-PAC's siblings) are tested with
       q_i = q without the earlier candidates, renormalised (`without_replacement_q`).
+    - Candidates each drawn on its own, independently of the others and of every coin (Hawk's cached vertical
+      speculations), are tested with the q each was drawn from, whatever those q are.
     Returns the accepted candidate's index (-1: none) and the target left."""
     B, K = candidates.shape
     rows = torch.arange(B, device=target.device)

@@ -9,10 +9,11 @@ reaches their position they join the pool there as siblings of the chain draft, 
 A sibling is a leaf slot that sees the chain before it (SJD-PAC's tree, sjd.decoders.sjd_pac).
 
 Verification is recursive rejection sampling at the chain's first rejection, over siblings each drawn on its own
-(verify_independent_siblings): a vertical speculation was drawn from its head's q long before, independently of the
-chain draft at its position, of the other speculations and of every coin, and whether it is in the pool depends on
-the commit history only, never on its value. So each stage is speculative sampling of a fresh draft and the
-decoder is exact, as Hawk says of its own; the micro-model audit and the one-sample audit hold it to that.
+(sjd.core.verify.recursive_rejection, each with its own q): a vertical speculation was drawn from its head's q long
+before, independently of the chain draft at its position, of the other speculations and of every coin, and whether
+it is in the pool depends on the commit history only, never on its value. So each stage is speculative sampling of
+a fresh draft and the decoder is exact, as Hawk says of its own; the micro-model audit and the one-sample audit hold
+it to that.
 
 Our choices where the paper leaves the detail open, each a setting: `horizontal` heads (4) and `vertical` depths
 (2, the rows below), at most `branches - 1` speculations a position (the nearest row's first), the pool at the

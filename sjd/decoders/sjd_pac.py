@@ -39,7 +39,14 @@ from dataclasses import dataclass, field
 import torch
 
 from sjd.core.sampling import logits_to_probs, sample_from
-from sjd.core.verify import VerifyResult, accept_tests, accepted_prefix, residual, stop_slot
+from sjd.core.verify import (
+    VerifyResult,
+    accept_tests,
+    accepted_prefix,
+    recursive_rejection,
+    residual,
+    stop_slot,
+)
 from sjd.decoders.base import DecodeResult, ForwardClock
 from sjd.decoders.coupled import CoupledSJDDecoder
 from sjd.decoders.window import WindowCall, WindowStep
@@ -291,9 +298,8 @@ class SJDPACDecoder(CoupledSJDDecoder):
             if win.sibling_q is None:
                 picked, target = verify_siblings(target, q_at, chain_draft, siblings, present, u["sibling"])
             else:
-                picked, target = verify_independent_siblings(
-                    target, win.sibling_q[rows, k], siblings, present, u["sibling"]
-                )
+                # each drawn on its own from its q: recursive rejection over independent drafts is exact
+                picked, target = recursive_rejection(target, siblings, win.sibling_q[rows, k], present, u["sibling"])
             sib_p = p[rows, win.sibling_slot.to(device)[rows, k, picked.clamp(min=0)]]
         next_token = sample_from(target, u["final"])
         bonus = self.bonus_after_sibling(sib_p, win, n_acc + 1, u)
@@ -428,29 +434,4 @@ def verify_siblings(
         still = (open_ & ~ok)[:, None]
         target = torch.where(still, residual(target, q_i), target)
         pool = torch.where(still, pool.scatter(1, s[:, None], 0.0), pool)
-    return picked, target
-
-
-def verify_independent_siblings(
-    target: torch.Tensor,
-    q: torch.Tensor,
-    siblings: torch.Tensor,
-    present: torch.Tensor,
-    uniforms: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Recursive rejection sampling over siblings each drawn on its own: sibling i [B] from q[:, i] [B, V],
-    independently of the chain draft, of the other siblings and of every coin. `target` [B, V] is
-    norm(max(0, p - q_chain)) after the chain draft's rejection. Sibling i is accepted iff
-    u * q_i(s) < target(s); on rejection target <- norm(max(0, target - q_i)). Each stage is a speculative-sampling
-    step of a fresh, independent draft against the target left, so the token committed is distributed as p whatever
-    the q_i are. Returns the accepted sibling's index (-1: none) and the target left."""
-    B = target.shape[0]
-    rows = torch.arange(B, device=target.device)
-    picked = torch.full((B,), -1, dtype=torch.long, device=target.device)
-    for i in range(siblings.shape[1]):
-        open_ = present[:, i] & (picked < 0)
-        q_i, s = q[:, i], siblings[:, i]
-        ok = open_ & (uniforms[:, i] * q_i[rows, s] < target[rows, s])
-        picked = torch.where(ok, i, picked)
-        target = torch.where((open_ & ~ok)[:, None], residual(target, q_i), target)
     return picked, target

@@ -81,10 +81,12 @@ def test_heads_without_a_below_head_are_refused_naming_the_key(toy):
         ssd.check(toy)
 
 
-def test_a_model_without_spatial_heads_stops_at_start_up_naming_the_key():
+@pytest.mark.parametrize("decoder", ["ssd", "hawk"])
+def test_a_model_without_spatial_heads_stops_at_start_up_naming_the_key(decoder):
+    """Both spatial-heads decoders (SSD, and Hawk, sjd.decoders.hawk) read `model.spatial_heads`."""
     run = OmegaConf.create(
         {
-            "decoder": load_decoder_config("ssd"),
+            "decoder": load_decoder_config(decoder),
             "model": OmegaConf.load(ROOT / "conf/model/standin_lumina_768_cal.yaml"),
         }
     )
