@@ -1,15 +1,17 @@
 """Host syncs and operator calls per decoder iteration, counted on the CPU (sjd/bench/syncs.py).
 
     python scripts/count_syncs.py [--model toy] [--decoders ar,sjd,...] [--windows 16,64] [--batches 1,8]
-                                  [--caches dynamic,static] [--out results/syncs.csv]
+                                  [--caches dynamic,static] [--kernels eager,compiled] [--out results/syncs.csv]
     python scripts/count_syncs.py --forward-ops --model standin_lumina_768_cal
 
 For every decoder of conf/decoder/ (or `--decoders`) on each KV cache at each window and batch size, one decode
 of the model's first prompts under a SyncCounter: syncs per iteration in the decoder, in the logits pipeline and
 in the model forward, the decoder's sync sites with what each is for, and operator calls outside the forward (kernel
-launches on a GPU). Counts, not times: the same on any machine for the same code and seeds. Writes the table
-with its provenance (model, command, git hash, torch) to `--out` when given. A decoder's own networks (a drafter)
-count as forwards, not as its calls (sjd.bench.syncs.count_decode).
+launches on a GPU). `--kernels compiled` counts them as compile=true launches them, on the static cache it
+compiles on: each call of the pipeline, verification or sampling one CUDA graph replay (sjd.decoders.kernels).
+Counts, not times: the same on any machine for the same code and seeds. Writes the table with its provenance
+(model, command, git hash, torch) to `--out` when given. A decoder's own networks (a drafter) count as
+forwards, not as its calls (sjd.bench.syncs.count_decode).
 
 `--forward-ops` prints instead the operator calls of one width-1 forward of the model, outside its layers and per
 layer: the eager forward's launches that sjd.core.cost prices (FORWARD_OPS_FIXED, FORWARD_OPS_PER_LAYER).
@@ -44,6 +46,7 @@ def main() -> None:
     ap.add_argument("--windows", type=ints, default=[16, 64])
     ap.add_argument("--batches", type=ints, default=[1, 8])
     ap.add_argument("--caches", default="dynamic,static", help="KV caches to count on (run.py's cache)")
+    ap.add_argument("--kernels", default="eager", help="eager, compiled (static cache only) or both")
     ap.add_argument("--out", type=Path, default=None, help="write the table here (results/syncs.csv is ours)")
     ap.add_argument("--forward-ops", action="store_true", help="count one forward's operator calls instead")
     args = ap.parse_args()
@@ -63,7 +66,10 @@ def main() -> None:
         except ValueError as e:  # a setting the model cannot take (PJD's context on the toy's short rows)
             print(f"skipped {name}: {e}")
     rows = []
-    for cache in args.caches.split(","):
+    settings = [(cache, kernels) for kernels in args.kernels.split(",") for cache in args.caches.split(",")]
+    for cache, kernels in settings:
+        if kernels == "compiled" and cache != "static":
+            continue  # compile=true runs on the static cache
         adapter.use_cache(cache)
         for batch in args.batches:
             (group,) = prompt_batches(args.model, 1, batch)
@@ -71,17 +77,19 @@ def main() -> None:
             for e in field:
                 gens = make_generators(0, [p.prompt_id for p in prompts], adapter.device)
                 decode = functools.partial(e.decoder.generate, adapter, prompts, sampling, gens)
+                graphs_of = e.decoder if kernels == "compiled" else None
                 with torch.no_grad():
-                    counts = count_decode(decode, adapter, e.decoder.networks(adapter))
-                rows.append({"decoder": e.name, "cache": cache, "window": e.window, "batch": batch,
-                             **report_row([counts])})  # fmt: skip
-                print(f"{e.name} {cache} cache window {e.window} batch {batch}: "
-                      f"{rows[-1]['decoder_syncs_per_iter']:.2f} syncs/iter")  # fmt: skip
+                    counts = count_decode(decode, adapter, e.decoder.networks(adapter), graphs_of)
+                rows.append({"decoder": e.name, "cache": cache, "kernels": kernels, "window": e.window,
+                             "batch": batch, **report_row([counts])})  # fmt: skip
+                print(f"{e.name} {cache} cache {kernels} kernels window {e.window} batch {batch}: "
+                      f"{rows[-1]['decoder_syncs_per_iter']:.2f} syncs/iter, "
+                      f"{rows[-1]['ops_outside_forward_per_iter']:.0f} calls/iter")  # fmt: skip
     table = pd.DataFrame(rows)
     table["decoder_sync_purposes"] = [sync_purposes(s) for s in table["decoder_sync_sites"]]
     table = table.assign(model=args.model, command=shlex.join(["python", *sys.argv]), git_hash=git_hash(),
                          torch=torch.__version__)  # fmt: skip
-    shown = ["decoder", "cache", "window", "batch", "decoder_syncs_per_iter", "pipeline_syncs_per_iter",
+    shown = ["decoder", "cache", "kernels", "window", "batch", "decoder_syncs_per_iter", "pipeline_syncs_per_iter",
              "forward_syncs_per_iter", "ops_outside_forward_per_iter"]  # fmt: skip
     print(markdown_table(table[shown].round(2)))
     if args.out is not None:

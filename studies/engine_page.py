@@ -71,19 +71,54 @@ def render(engine: pd.DataFrame, syncs: pd.DataFrame | None) -> str:
              "vs_ar", "warmup_s"]  # fmt: skip
     lines += [markdown_table(table[shown], floatfmt=".3f"), ""]
     if syncs is not None and "cache" in syncs:
+        kernels = syncs["kernels"].fillna("eager") if "kernels" in syncs else pd.Series("eager", index=syncs.index)
+        eager, compiled = syncs[kernels == "eager"], syncs[kernels == "compiled"]
         lines += [
             "## Host syncs per iteration, by cache",
             "",
-            f"From `results/syncs.csv` ({syncs['command'].iloc[0]}, git `{syncs['git_hash'].iloc[0]}`): syncs per "
+            f"From `results/syncs.csv` ({eager['command'].iloc[0]}, git `{eager['git_hash'].iloc[0]}`): syncs per "
             "iteration of the decode loop in the decoder and in the model forward, at window 16.",
             "",
         ]
-        at16 = syncs[(syncs["window"].isna()) | (syncs["window"] == 16)]
+        at16 = eager[(eager["window"].isna()) | (eager["window"] == 16)]
         wide = at16.pivot_table(index=["decoder", "batch"], columns="cache",
                                 values=["decoder_syncs_per_iter", "forward_syncs_per_iter"])  # fmt: skip
         wide.columns = [f"{what.replace('_syncs_per_iter', '')} ({cache})" for what, cache in wide.columns]
         lines += [markdown_table(wide.reset_index(), floatfmt=".2f"), ""]
+        if not compiled.empty:
+            lines += launches_section(eager, compiled)
     return "\n".join(lines)
+
+
+def launches_section(eager: pd.DataFrame, compiled: pd.DataFrame) -> list[str]:
+    """Operator calls per iteration outside the forward (kernel launches on a GPU) with eager kernels and with the
+    compiled ones compile=true runs (each call of the pipeline, verification or sampling one graph replay, plus
+    a copy per device input), on the static cache compile=true runs on, at batch 1."""
+    key = ["decoder", "window"]
+    keep = ["decoder", "window", "ops_outside_forward_per_iter"]
+    static = eager[(eager["cache"] == "static") & (eager["batch"] == 1)][keep]
+    graphed = compiled[compiled["batch"] == 1][keep]
+    both = static.merge(graphed, on=key, suffixes=("_eager", "_compiled"), how="inner")
+    both = both.assign(
+        window=both["window"].map(lambda w: "" if pd.isna(w) else str(int(w))),
+        eager=both["ops_outside_forward_per_iter_eager"],
+        compiled=both["ops_outside_forward_per_iter_compiled"],
+    )
+    both["compiled over eager"] = both["compiled"] / both["eager"]
+    commands = ", ".join(f"`{c}`" for c in dict.fromkeys(compiled["command"]))
+    hashes = ", ".join(f"`{h}`" for h in dict.fromkeys(compiled["git_hash"]))
+    return [
+        "## Operator calls per iteration, eager and compiled kernels",
+        "",
+        f"From `results/syncs.csv` ({commands}, git {hashes}): operator calls per iteration outside the model "
+        "forward (kernel launches on a GPU), on the static cache at batch 1, with the iteration's kernels eager and "
+        "as compile=true runs them (sjd/decoders/kernels.py: the logits pipeline, the verification rules, the "
+        "tree's tests and the coupled drafts, each one graph replay plus a copy of each device input; "
+        'docs/evaluation.md, "Compiled forwards"). What stays eager is the per-row drafting and committing.',
+        "",
+        markdown_table(both[["decoder", "window", "eager", "compiled", "compiled over eager"]], floatfmt=".2f"),
+        "",
+    ]
 
 
 def render_engine_page(results_dir: Path, out_dir: Path) -> Path | None:

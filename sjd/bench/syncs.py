@@ -18,6 +18,10 @@ kernel launch. Here everything runs on the CPU, so `SyncCounter` (a torch functi
   for it.
 - an operator call outside the forward: any torch function producing a device tensor while no adapter
   method runs: a kernel launch on a GPU, before any compile fuses them.
+- with `graphs` (what compile=true launches): each call of a decoder's iteration kernels (sjd.decoders.kernels:
+  the logits pipeline, verification, sampling) counts as what a CUDA graph replay of it launches: the replay and
+  a copy of each device tensor input into the graph's own buffers, and nothing inside it. The kernels run
+  eager here; that each is one graph is what tests/decoders/test_kernels.py holds (fullgraph compiles).
 
 Iterations are the decode loop's forwards (the prefill excluded). `scripts/count_syncs.py` prints the report
 for every decoder; it asserts nothing, and only counts (times nothing).
@@ -36,6 +40,8 @@ from pathlib import Path
 import torch
 from torch.overrides import TorchFunctionMode
 
+from sjd.decoders.base import Decoder
+from sjd.decoders.kernels import Kernels
 from sjd.models.base import ModelAdapter
 from sjd.types import Prompt
 
@@ -71,6 +77,7 @@ class SyncCounter(TorchFunctionMode):
         self.counts = Counts()
         self.in_forward = 0
         self.in_layer = 0
+        self.in_graph = 0
 
     @staticmethod
     def is_device(x) -> bool:
@@ -95,7 +102,9 @@ class SyncCounter(TorchFunctionMode):
             produced = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
             for o in produced:
                 self.mark(o)
-            if produced and not self.in_forward:
+            if produced and self.in_graph and not self.in_forward:
+                pass  # inside a graph replay, counted once at its call (`replay`)
+            elif produced and not self.in_forward:
                 self.counts.ops_outside_forward += 1
             elif produced:
                 self.counts.ops_in_forward += 1
@@ -140,6 +149,22 @@ class SyncCounter(TorchFunctionMode):
                     delattr(adapter, name)
                 else:
                     setattr(adapter, name, old)
+
+    def replay(self, kernel: Callable) -> Callable:
+        """`kernel` as a CUDA graph replay is counted: one launch, plus one copy per device tensor input into the
+        graph's buffers (outside a forward); the calls inside it are not counted."""
+
+        @functools.wraps(kernel)
+        def replayed(*args):
+            if not self.in_forward:
+                self.counts.ops_outside_forward += 1 + sum(self.is_device(a) for a in _flat(args))
+            self.in_graph += 1
+            try:
+                return kernel(*args)
+            finally:
+                self.in_graph -= 1
+
+        return replayed
 
     def _wrap(self, method: Callable, count: bool) -> Callable:
         @functools.wraps(method)
@@ -198,11 +223,17 @@ def device_tensors(adapter: ModelAdapter, networks: dict[str, torch.nn.Module]) 
     return [t for net in nets.values() for t in (*net.parameters(), *net.buffers())]
 
 
-def count_decode(decode: Callable[[], object], adapter: ModelAdapter, networks: dict) -> Counts:
+def count_decode(
+    decode: Callable[[], object], adapter: ModelAdapter, networks: dict, graphs_of: Decoder | None = None
+) -> Counts:
     """Run `decode()` (one generate call) under a fresh SyncCounter and return what it counted. The decoder's own
     networks (a drafter) count as forwards, not as the decoder's calls: sjd.core.cost prices a drafter forward
-    as a forward of its architecture, so its calls must not be priced twice."""
+    as a forward of its architecture, so its calls must not be priced twice. With `graphs_of`, that decoder's
+    iteration kernels count as compile=true launches them (module docstring)."""
     counter = SyncCounter(device_tensors(adapter, networks))
+    if graphs_of is not None:
+        saved = graphs_of.kernels
+        graphs_of.use_kernels(Kernels(counter.replay))
 
     def enter(*_):
         counter.in_forward += 1
@@ -219,6 +250,8 @@ def count_decode(decode: Callable[[], object], adapter: ModelAdapter, networks: 
     finally:
         for h in hooks:
             h.remove()
+        if graphs_of is not None:
+            graphs_of.use_kernels(saved)
     return counter.counts
 
 

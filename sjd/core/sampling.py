@@ -10,7 +10,7 @@ the speculative rules then accept or reject deterministically.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,7 +83,7 @@ def largest_values(x: torch.Tensor, m: int, ordered: bool) -> torch.Tensor:
 
     On CPU, torch.topk with a large k (2000 of 8192) is an order of magnitude slower than numpy's
     introselect, so the CPU path partitions with numpy; the values are the same."""
-    if x.device.type != "cpu" or x.dtype == torch.bfloat16:  # numpy has no bfloat16
+    if x.device.type != "cpu" or x.dtype == torch.bfloat16 or torch.compiler.is_compiling():  # no numpy in a graph
         return torch_largest_values(x, m, ordered)
     n = x.shape[-1]
     a = x.detach().numpy()
@@ -100,7 +100,11 @@ def torch_largest_values(x: torch.Tensor, m: int, ordered: bool) -> torch.Tensor
 
 
 def logits_to_probs(
-    logits: Logits, positions: torch.Tensor, layout: ImageLayout, sampling: SamplingConfig
+    logits: Logits,
+    positions: torch.Tensor,
+    layout: ImageLayout,
+    sampling: SamplingConfig,
+    on_free_columns: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The shared pipeline: [B, W, V] logits at generated `positions` [B, W] -> probabilities [B, W, V].
 
@@ -108,13 +112,31 @@ def logits_to_probs(
     temperature and top-k / top-p run on the free columns only (a view when the image codes are
     one id range) and the result is scattered back: forced positions are one-hot, ids outside
     the free set get probability 0. Equal to masking the full vocabulary first (tests keep that
-    implementation as the reference)."""
-    cols = layout.free_columns(positions.device)
-    forced = layout.forced_table(positions.device)[positions.clamp(0, layout.n_tokens)]  # [B, W], -1 = free
+    implementation as the reference). The layout's tables are read here, on the host side; the tensor work is
+    `probs_on_free_columns`, or the compiled copy of it compile=true passes as `on_free_columns`
+    (sjd.decoders.kernels)."""
+    device = positions.device
+    kernel = probs_on_free_columns if on_free_columns is None else on_free_columns
+    return kernel(
+        logits.cond, logits.uncond, positions, layout.forced_table(device), layout.free_columns(device), sampling
+    )
+
+
+def probs_on_free_columns(
+    cond: torch.Tensor,
+    uncond: torch.Tensor | None,
+    positions: torch.Tensor,
+    forced_table: torch.Tensor,
+    cols: slice | torch.Tensor,
+    sampling: SamplingConfig,
+) -> torch.Tensor:
+    """`logits_to_probs` after the layout's tables are read: tensors and constants only, so it compiles into one
+    graph. `forced_table` [n_tokens + 1] holds the forced id at each position (-1: free, and the padding row)."""
+    forced = forced_table[positions.clamp(0, forced_table.shape[0] - 1)]  # [B, W], -1 = free
     is_forced = (forced >= 0)[..., None]
-    free = Logits(logits.cond[..., cols], None if logits.uncond is None else logits.uncond[..., cols])
+    free = Logits(cond[..., cols], None if uncond is None else uncond[..., cols])
     guided = cfg_mix(free, sampling.cfg_scale).float()  # [B, W, F]
-    V = logits.cond.shape[-1]
+    V = cond.shape[-1]
     if sampling.greedy:
         best = free_ids(cols, guided.argmax(-1))
         return torch.nn.functional.one_hot(torch.where(forced >= 0, forced, best), V).float()
@@ -152,6 +174,11 @@ def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 def sample_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
     """One sample per distribution of each row: probs [B, ..., V] with generator b for row b."""
-    shape = probs.shape[1:-1]
-    u = torch.stack([torch.rand(shape, generator=g, device=probs.device) for g in generators])
-    return sample_from(probs, u)
+    return sample_from(probs, row_uniforms(generators, probs.device, probs.shape[1:-1]))
+
+
+def row_uniforms(
+    generators: Sequence[torch.Generator], device: torch.device, shape: Sequence[int] = ()
+) -> torch.Tensor:
+    """[B, *shape] uniforms in [0, 1), row b's from generator b (what `sample_rows` draws)."""
+    return torch.stack([torch.rand(tuple(shape), generator=g, device=device) for g in generators])

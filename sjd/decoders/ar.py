@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_rows
+from sjd.core.sampling import SamplingConfig, row_uniforms
 from sjd.decoders.base import Decoder, DecodeResult, ForwardClock, device_sync
 from sjd.models.base import ModelAdapter
 from sjd.types import Prompt
@@ -44,14 +44,14 @@ class ARDecoder(Decoder):
         clock.stages.begin()
         for pos in range(layout.n_tokens):
             positions = torch.full((B, 1), pos, device=device)
-            probs = logits_to_probs(logits, positions, layout, sampling)  # [B, 1, V]
+            probs = self.kernels.pipeline(logits, positions, layout, sampling)  # [B, 1, V]
             clock.lap("pipeline")
             if free[pos]:  # a measurement, not decoding: kept out of the decode time and its split
                 t_measure = time.perf_counter()
                 entropy += torch.special.entr(probs[:, 0]).sum(-1)
                 clock.stages.exclude()
                 measure_s += time.perf_counter() - t_measure
-            tokens[:, pos] = sample_rows(probs[:, 0], generators)
+            tokens[:, pos] = self.kernels.sample_from(probs[:, 0], row_uniforms(generators, device))
             clock.lap("verify")
             if pos + 1 < layout.n_tokens:  # the last token needs no forward of its own
                 logits = clock.forward(tokens[:, pos : pos + 1], [pos] * B)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_rows
+from sjd.decoders.kernels import EAGER, Kernels, compiled_kernels
 from sjd.decoders.stages import StageClock
 from sjd.models.base import ModelAdapter
 from sjd.types import WINDOW, ImageLayout, Logits, Prompt
@@ -218,6 +219,20 @@ class Decoder(ABC):
     name: str = "decoder"
     requires: frozenset[str] = frozenset()
     lossless: bool = True  # whether its samples are distributed exactly as AR's
+    _kernels: Kernels = EAGER  # the pipeline, verification and sampling it calls (sjd.decoders.kernels)
+
+    @property
+    def kernels(self) -> Kernels:
+        """The iteration kernels this decoder calls: eager, or compiled under compile=true."""
+        return self._kernels
+
+    def compile_kernels(self, mode: str | None) -> None:
+        """compile=true: the pipeline, verification and sampling as compiled graphs (torch.compile's `mode`)."""
+        self._kernels = compiled_kernels(mode)
+
+    def use_kernels(self, kernels: Kernels) -> None:
+        """Another kernel set (the sync counter's, which counts each call as one graph replay)."""
+        self._kernels = kernels
 
     def check(self, adapter: ModelAdapter) -> None:
         """Fail at start-up, naming decoder, model and capability, if the model lacks one."""

@@ -71,22 +71,46 @@ class CoupledSJDDecoder(SJDDecoder):
     def next_drafts(self, step: WindowStep, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         p = step.p
         if self.coupling == "gumbel":
-            samples = gumbel_drafts(p, step.state.noise, step.positions)
+            samples = self.kernels(gumbel_argmax)(p, gumbel_noise_at(step.state.noise, step.positions))
+        elif self.coupling == "maximal" and step.drafts.shape[1]:
+            samples = self.kernels(maximal_coupling_next)(
+                p, step.drafts, step.q, step.n_drafts, step.result.accepted, uniforms
+            )
         else:
-            samples = sample_from(p, uniforms)  # the bonus slot and padding: nothing to couple with
-            if self.coupling == "maximal" and step.drafts.shape[1]:
-                samples = maximal_coupling_drafts(
-                    p, step.drafts, step.q, step.n_drafts, step.result.accepted, uniforms, samples
-                )
+            samples = self.kernels.sample_from(p, uniforms)  # nothing to couple with
         return samples, p
+
+
+def maximal_coupling_next(
+    p: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor,
+    n_drafts: torch.Tensor,
+    accepted: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """[B, W] the next drafts under maximal coupling: `maximal_coupling_drafts`, with a fresh sample of p at the
+    bonus slot and the padding, where there is nothing to couple with (one kernel under compile=true)."""
+    fresh = sample_from(p, uniforms)
+    return maximal_coupling_drafts(p, drafts, q, n_drafts, accepted, uniforms, fresh)
 
 
 def gumbel_drafts(p: torch.Tensor, noise: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """[B, W] argmax(log p + g) with g the fixed Gumbel vector of each slot's position.
 
     p [B, W, V], noise [B, N + 1, V] (the last row serves window padding past the image)."""
-    rows = torch.arange(p.shape[0], device=p.device)[:, None]
-    g = noise[rows, positions.clamp(max=noise.shape[1] - 1)]
+    return gumbel_argmax(p, gumbel_noise_at(noise, positions))
+
+
+def gumbel_noise_at(noise: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[B, W, V] the Gumbel vectors of the slots' positions (read outside the compiled kernel, so a graph
+    replay copies the window's vectors, not the image's)."""
+    rows = torch.arange(noise.shape[0], device=noise.device)[:, None]
+    return noise[rows, positions.clamp(max=noise.shape[1] - 1)]
+
+
+def gumbel_argmax(p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """[B, W] argmax(log p + g)."""
     return (p.log() + g).argmax(-1)  # log 0 = -inf: ids outside the support never win
 
 

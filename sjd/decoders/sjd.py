@@ -38,9 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from sjd.core.drafts import DISTRIBUTION_SCHEMES, SCHEMES, distribution_drafts, fresh_drafts, one_hot
-from sjd.core.sampling import logits_to_probs, sample_from
-from sjd.core.verify import VerifyResult, block_verify
-from sjd.core.verify import verify as speculative_verify
+from sjd.core.verify import VerifyResult
 from sjd.decoders.base import WINDOW_CAPABILITY
 from sjd.decoders.window import WindowDecoder, WindowStep
 from sjd.decoders.window_state import WindowState, draw_uniforms
@@ -113,7 +111,7 @@ class SJDDecoder(WindowDecoder):
         step.logits = call.clock.forward(step.inputs, [n - 1 for n in committed])
         offsets = torch.arange(step.inputs.shape[1], device=call.device)
         step.positions = torch.as_tensor(committed, device=call.device)[:, None] + offsets
-        step.p = logits_to_probs(step.logits, step.positions, call.layout, call.sampling)
+        step.p = self.kernels.pipeline(step.logits, step.positions, call.layout, call.sampling)
 
     def verify(self, step: WindowStep) -> None:
         """Speculative rule (sjd.core.verify), plus one new draft per slot and its q (`next_drafts`)."""
@@ -125,7 +123,7 @@ class SJDDecoder(WindowDecoder):
     def accept(self, step: WindowStep, accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor) -> VerifyResult:
         """The acceptance rule: exact speculative sampling, token by token or for the block as a
         whole (relaxed decoders replace it)."""
-        rule = block_verify if self.verification == "block" else speculative_verify
+        rule = self.kernels.block_verify if self.verification == "block" else self.kernels.verify
         return rule(step.p, step.drafts, step.q, step.n_drafts, accept_uniforms, sample_uniforms)
 
     def next_drafts(self, step: WindowStep, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,7 +131,7 @@ class SJDDecoder(WindowDecoder):
         distributions they are drawn from given everything verification has seen (their q).
         SJD draws them from p independently of the old drafts (the Jacobi update); coupled
         decoders (sjd.decoders.coupled) correlate them with the old ones."""
-        return sample_from(step.p, uniforms), step.p
+        return self.kernels.sample_from(step.p, uniforms), step.p
 
     def commit(self, step: WindowStep) -> None:
         """The accepted drafts and the token after them, the carried drafts; in an SJD window, slot a holds the

@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sjd.core.sampling import logits_to_probs, sample_from
-from sjd.core.verify import verify as speculative_verify
+from sjd.core.sampling import sample_from
 from sjd.decoders.window import WindowCall, WindowDecoder, WindowStep
 from sjd.decoders.window_state import WindowState, draw_uniforms
 from sjd.models.base import ModelAdapter
@@ -144,14 +143,14 @@ class SJD2Decoder(WindowDecoder):
         step.logits = call.clock.forward_embeds(win.embeds, win.levels, [n - 1 for n in committed])
         offsets = torch.arange(win.tokens.shape[1], device=call.device)
         step.positions = torch.as_tensor(committed, device=call.device)[:, None] + offsets
-        step.p = logits_to_probs(step.logits, step.positions, call.layout, call.sampling)
+        step.p = self.kernels.pipeline(step.logits, step.positions, call.layout, call.sampling)
 
     def verify(self, step: NoisyStep) -> None:
         """SJD's speculative rule up to the first slot without a draft; the model's samples everywhere."""
         p, win = step.p, step.window
         u_accept, u_jacobi = draw_uniforms(step.call.generators, step.widths, p.shape[1], p.device)
         u_final = u_accept.gather(1, win.n_drafts[:, None]).squeeze(1)
-        step.result = speculative_verify(p, win.drafts, win.q, win.n_drafts, u_accept[:, :-1], u_final)
+        step.result = self.kernels.verify(p, win.drafts, win.q, win.n_drafts, u_accept[:, :-1], u_final)
         step.samples = sample_from(p, u_jacobi)
 
     def commit(self, step: NoisyStep) -> None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sjd.core.sampling import logits_to_probs, sample_from
+from sjd.core.sampling import sample_from
 from sjd.core.verify import (
     VerifyResult,
     accept_tests,
@@ -148,7 +148,7 @@ class SJDPACDecoder(CoupledSJDDecoder):
         N = call.layout.n_tokens
         step.logits = call.clock.forward_at(win.tokens, win.positions, win.keep, win.mask, win.transient)
         predicted = torch.where(win.positions >= 0, win.positions + 1, N).clamp(max=N)
-        step.tree_p = logits_to_probs(step.logits, predicted.to(call.device), call.layout, call.sampling)
+        step.tree_p = self.kernels.pipeline(step.logits, predicted.to(call.device), call.layout, call.sampling)
 
     def verify(self, step: TreeStep) -> None:
         step.verdict = self.verify_tree(step)
@@ -278,32 +278,16 @@ class SJDPACDecoder(CoupledSJDDecoder):
         return sib, None
 
     def verify_tree(self, step: TreeStep) -> TreeVerdict:
-        """Chain tests; recursive rejection sampling over the siblings at the first rejection."""
+        """Chain tests; recursive rejection sampling over the siblings at the first rejection (`tree_tests`)."""
         win, p, call = step.window, step.tree_p, step.call
-        B, C, device = p.shape[0], win.drafts.shape[1], p.device
-        rows = torch.arange(B, device=device)
-        p_chain = p[rows[:, None], win.chain_slot.to(device)]  # [B, C+1, V]
+        C, device = win.drafts.shape[1], p.device
         u = draw_tree_uniforms(call.generators, win.chain_lengths, C, self.branches - 1, device)
-        accepted, n_acc = accepted_prefix(accept_tests(p_chain, win.drafts, win.q, u["accept"]), win.n_drafts)
-        # Target at the first rejection: p minus the chain draft's q (p itself at the bonus slot).
-        p_at, q_at, has_draft = stop_slot(p_chain, win.q, n_acc, win.n_drafts)
-        target = residual(p_at, q_at)
-        picked = torch.full((B,), -1, dtype=torch.long, device=device)
-        sib_p = target  # the accepted sibling's own next-token distribution (read only where one is)
-        if self.branches > 1 and self.branch_depth:
-            k = n_acc.clamp(max=self.branch_depth - 1)
-            present = win.has_sibling.to(device)[rows, k] & ((n_acc < self.branch_depth) & has_draft)[:, None]
-            chain_draft = win.drafts[rows, n_acc.clamp(max=max(C - 1, 0))] if C else torch.zeros_like(n_acc)
-            siblings = win.siblings[rows, k]
-            if win.sibling_q is None:
-                picked, target = verify_siblings(target, q_at, chain_draft, siblings, present, u["sibling"])
-            else:
-                # each drawn on its own from its q: recursive rejection over independent drafts is exact
-                picked, target = recursive_rejection(target, siblings, win.sibling_q[rows, k], present, u["sibling"])
-            sib_p = p[rows, win.sibling_slot.to(device)[rows, k, picked.clamp(min=0)]]
-        next_token = sample_from(target, u["final"])
-        bonus = self.bonus_after_sibling(sib_p, win, n_acc + 1, u)
-
+        sibling_slot = win.sibling_slot.to(device)
+        n_acc, accepted, next_token, picked, sib_p, bonus, p_chain = self.kernels(tree_tests)(
+            p, win.chain_slot.to(device), win.drafts, win.q, win.n_drafts, win.has_sibling.to(device), win.siblings,
+            sibling_slot, win.sibling_q, u["accept"], u["sibling"], u["final"], u["bonus"], u["bonus_accept"],
+            self.branches, self.branch_depth,
+        )  # fmt: skip
         step.result = VerifyResult(n_acc, next_token, accepted)
         offsets = torch.arange(C + 1, device=device)
         step.positions, step.p = torch.as_tensor(step.state.committed, device=device)[:, None] + offsets, p_chain
@@ -355,20 +339,79 @@ class SJDPACDecoder(CoupledSJDDecoder):
             slots[rows, after] = torch.where(picked >= 0, sib, slots[rows, after])
         return slots
 
-    @staticmethod
-    def bonus_after_sibling(sib_p: torch.Tensor, win: TreeWindow, slot: torch.Tensor, u: dict) -> torch.Tensor:
-        """The token after an accepted sibling, distributed as the sibling's own p: the chain's carried
-        draft for that position is tested against it (kept if u * q(d) < p(d), else a residual sample).
-        Sampling p afresh would be as exact, but the drafts after it were drawn given that carried
-        draft; keeping it when p allows keeps them in step, which saves forwards."""
-        B, C = win.drafts.shape
-        if C == 0:
-            return sample_from(sib_p, u["bonus"])
-        rows = torch.arange(B, device=sib_p.device)
-        has = slot < win.n_drafts
-        d, q = win.drafts[rows, slot.clamp(max=C - 1)], win.q[rows, slot.clamp(max=C - 1)] * has[:, None]
-        kept = has & accept_tests(sib_p[:, None], d[:, None], q[:, None], u["bonus_accept"][:, None])[:, 0]
-        return torch.where(kept, d, sample_from(residual(sib_p, q), u["bonus"]))
+
+def tree_tests(
+    p: torch.Tensor,
+    chain_slot: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor,
+    n_drafts: torch.Tensor,
+    has_sibling: torch.Tensor,
+    siblings: torch.Tensor,
+    sibling_slot: torch.Tensor,
+    sibling_q: torch.Tensor | None,
+    u_accept: torch.Tensor,
+    u_sibling: torch.Tensor,
+    u_final: torch.Tensor,
+    u_bonus: torch.Tensor,
+    u_bonus_accept: torch.Tensor,
+    branches: int,
+    branch_depth: int,
+) -> tuple[torch.Tensor, ...]:
+    """The tree's verification, pure tensor work (compile=true compiles it into one graph, sjd.decoders.kernels).
+
+    The chain's drafts are tested left to right (p at the chain's slots of the tree's p [B, T, V]); at the first
+    rejection, within the first `branch_depth` positions, the rejected draft's siblings by recursive rejection
+    sampling: drawn without replacement from its q (`verify_siblings`), or each from its own q (`sibling_q`,
+    sjd.core.verify.recursive_rejection). Returns the accepted lengths, the chain's test outcomes, the token
+    after them (a sample of what the target leaves), the accepted sibling (-1: none), that sibling's own p, the
+    token after it (`bonus_after_sibling`) and p at the chain's slots [B, C+1, V]."""
+    B, C, device = p.shape[0], drafts.shape[1], p.device
+    rows = torch.arange(B, device=device)
+    p_chain = p[rows[:, None], chain_slot]  # [B, C+1, V]
+    accepted, n_acc = accepted_prefix(accept_tests(p_chain, drafts, q, u_accept), n_drafts)
+    # Target at the first rejection: p minus the chain draft's q (p itself at the bonus slot).
+    p_at, q_at, has_draft = stop_slot(p_chain, q, n_acc, n_drafts)
+    target = residual(p_at, q_at)
+    picked = torch.full((B,), -1, dtype=torch.long, device=device)
+    sib_p = target  # the accepted sibling's own next-token distribution (read only where one is)
+    if branches > 1 and branch_depth:
+        k = n_acc.clamp(max=branch_depth - 1)
+        present = has_sibling[rows, k] & ((n_acc < branch_depth) & has_draft)[:, None]
+        chain_draft = drafts[rows, n_acc.clamp(max=max(C - 1, 0))] if C else torch.zeros_like(n_acc)
+        candidates = siblings[rows, k]
+        if sibling_q is None:
+            picked, target = verify_siblings(target, q_at, chain_draft, candidates, present, u_sibling)
+        else:
+            # each drawn on its own from its q: recursive rejection over independent drafts is exact
+            picked, target = recursive_rejection(target, candidates, sibling_q[rows, k], present, u_sibling)
+        sib_p = p[rows, sibling_slot[rows, k, picked.clamp(min=0)]]
+    next_token = sample_from(target, u_final)
+    bonus = bonus_after_sibling(sib_p, drafts, q, n_drafts, n_acc + 1, u_bonus, u_bonus_accept)
+    return n_acc, accepted, next_token, picked, sib_p, bonus, p_chain
+
+
+def bonus_after_sibling(
+    sib_p: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor,
+    n_drafts: torch.Tensor,
+    slot: torch.Tensor,
+    u_bonus: torch.Tensor,
+    u_bonus_accept: torch.Tensor,
+) -> torch.Tensor:
+    """The token after an accepted sibling, distributed as the sibling's own p: the chain's carried
+    draft for that position (`slot`) is tested against it (kept if u * q(d) < p(d), else a residual sample).
+    Sampling p afresh would be as exact, but the drafts after it were drawn given that carried
+    draft; keeping it when p allows keeps them in step, which saves forwards."""
+    B, C = drafts.shape
+    if C == 0:
+        return sample_from(sib_p, u_bonus)
+    rows = torch.arange(B, device=sib_p.device)
+    has = slot < n_drafts
+    d, q_d = drafts[rows, slot.clamp(max=C - 1)], q[rows, slot.clamp(max=C - 1)] * has[:, None]
+    kept = has & accept_tests(sib_p[:, None], d[:, None], q_d[:, None], u_bonus_accept[:, None])[:, 0]
+    return torch.where(kept, d, sample_from(residual(sib_p, q_d), u_bonus))
 
 
 def draw_tree_uniforms(

@@ -4,8 +4,9 @@ Each sample's counts (the tokens every target forward committed, so every forwar
 its drafter forwards) are priced by sjd.core.cost at the architecture `model.prices_as` names, at batch 1 with the
 run's CFG rows, on a GPU and an engine. The decoder's own operator calls and host syncs per iteration are not
 counted in the run (counting them slows every call): they come from results/syncs.csv, which
-`scripts/count_syncs.py` counted once per decoder config, cache and window. A run's decoder is matched to the
-counted config of its class whose settings agree with it most, at the nearest window.
+`scripts/count_syncs.py` counted once per decoder config, cache, window and kernels (eager, or compiled as
+compile=true runs them: sjd.decoders.kernels). A run's decoder is matched to the counted config of its class whose
+settings agree with it most, at the nearest window, with its run's kernels where those were counted.
 
 Per sample: `priced_forwards` (target forwards plus drafter forwards at the drafter's byte ratio, and draft-head
 calls at the heads' byte ratio), the counts a GPU
@@ -50,25 +51,32 @@ def counted_overheads(path: Path = SYNCS_CSV) -> pd.DataFrame:
     from sjd.harness.decoder_configs import decoder_config
 
     if not path.is_file():
-        return pd.DataFrame(columns=["decoder", "cls", "cache", "window", "ops", "syncs", "settings"])
+        return pd.DataFrame(columns=["decoder", "cls", "cache", "kernels", "window", "ops", "syncs", "settings"])
     table = pd.read_csv(path)
     table = table[table["batch"] == 1].copy()
+    table["kernels"] = table["kernels"].fillna("eager") if "kernels" in table else "eager"  # rows counted before
     configs = {name: decoder_config(name) for name in table["decoder"].unique()}
     table["cls"] = table["decoder"].map(lambda n: str(configs[n]["_target_"]).rsplit(".", 1)[-1])
     table["settings"] = table["decoder"].map(lambda n: {k: str(v) for k, v in configs[n].items()})
     table["ops"] = table["ops_outside_forward_per_iter"]
     table["syncs"] = table[list(SYNC_COLUMNS)].sum(axis=1)
-    return table[["decoder", "cls", "cache", "window", "ops", "syncs", "settings"]].reset_index(drop=True)
+    return table[["decoder", "cls", "cache", "kernels", "window", "ops", "syncs", "settings"]].reset_index(drop=True)
 
 
-def decoder_overheads(cls: str, settings: dict, cache: str, table: pd.DataFrame | None = None) -> tuple[float, float]:
+def decoder_overheads(
+    cls: str, settings: dict, cache: str, table: pd.DataFrame | None = None, compiled: bool = False
+) -> tuple[float, float]:
     """(operator calls, host syncs) per iteration for a decoder of class `cls` with `settings` on `cache`: the
     counted config of that class whose settings agree with these most, at the window nearest this one (the
-    dynamic cache's count where the cache was not counted); (NaN, NaN) for a class never counted."""
+    dynamic cache's count where the cache was not counted), counted with compiled kernels for a `compiled` run
+    where they were (else eager, which prices more launches than it would pay); (NaN, NaN) for a class never
+    counted."""
     table = counted_overheads() if table is None else table
     rows = table[table["cls"] == cls]
     if rows.empty:
         return float("nan"), float("nan")
+    kernels = "compiled" if compiled and (rows["kernels"] == "compiled").any() else "eager"
+    rows = rows[rows["kernels"] == kernels]
     if cache in set(rows["cache"]):
         rows = rows[rows["cache"] == cache]
     else:
@@ -124,7 +132,9 @@ def sample_prices(samples: pd.DataFrame, meta: dict, gpu: str = DEFAULT_GPU) -> 
     out["priced_width"] = (inputs / samples["n_forward"]).fillna(1.0).clip(lower=1.0)
     cache = meta.get("cache") or "dynamic"
     for decoder in samples["decoder"].unique():
-        ops, syncs = decoder_overheads(classes.get(decoder, ""), configs.get(decoder, {}), cache)
+        ops, syncs = decoder_overheads(
+            classes.get(decoder, ""), configs.get(decoder, {}), cache, compiled=bool(meta.get("compiled"))
+        )
         mine = samples["decoder"] == decoder
         out.loc[mine, "decoder_ops_per_iter"], out.loc[mine, "syncs_per_iter"] = ops, syncs
     counts = out.assign(drafter_forwards=drafted, head_forwards=head_calls, heads=heads,

@@ -254,6 +254,8 @@ def build(
     adapter.use_cache(cfg.get("cache", "dynamic"))  # AR and every decoder run on the same engine
     if cfg.get("compile", False):  # eager with eager, compiled with compiled: the baseline is compiled too
         adapter.compile_windows(compile_mode(cfg, adapter.device))
+        for d in decoders:  # and the pipeline, verification and sampling each iteration runs beside the forward
+            d.compile_kernels(compile_mode(cfg, adapter.device))
     adapter.check_prompts(prompt_set.prompts)
     for d in decoders:
         d.check(adapter)

@@ -1,4 +1,6 @@
-"""compile=true: every decoder draws the same tokens with the compiled window forward as with the eager one.
+"""compile=true: every decoder draws the same tokens with the compiled window forward and compiled iteration kernels
+(the logits pipeline, verification, sampling: sjd.decoders.kernels), as the runner compiles them, as with the eager
+ones.
 
 The adapter contract holds each architecture's compiled windows to the eager logits with no graph break and no
 recompile (test_compiled_windows_match_eager_with_no_graph_break_or_recompile). Here the decoders: on the toy,
@@ -113,7 +115,10 @@ def test_every_decoder_draws_the_same_tokens_compiled_as_eager(engines, name, mo
     if on not in SAMPLED:
         sampling = dataclasses.replace(sampling, temperature=0.0)
     fitted(decoder, eager)
+    compiled_decoder = resolved_decoder(name, model)
+    fitted(compiled_decoder, compiled)
+    compiled_decoder.compile_kernels(None)  # as the runner does under compile=true
     watch.start()
-    assert decode(decoder, compiled, sampling) == decode(decoder, eager, sampling)
+    assert decode(compiled_decoder, compiled, sampling) == decode(decoder, eager, sampling)
     assert compiled.compiled and watch.windows > 0, "no window went through the compiled forward"
     assert watch.eager_shapes == [], f"windows of these shapes compiled no graph: {watch.eager_shapes}"
