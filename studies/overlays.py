@@ -26,12 +26,15 @@ class Goal:
     """What a goal page decides, from its overlay's `study.goal` block: at each window, the reference decoder a
     candidate's step compression is divided by, and the target that ratio must reach (none: the page shows the
     ratio and decides nothing there). A drafters page also names the decoders it reads against a published ratio
-    (`checked`) and the experiment whose runs confirm a met on fresh prompts and seeds (`confirming`)."""
+    (`checked`), those among them whose drafter was trained to land on that ratio (`calibrated`: a fit, whose
+    test is then its modelled latency efficiency against the published one), and the experiment whose runs
+    confirm a met on fresh prompts and seeds (`confirming`)."""
 
     references: dict[int, str]
     targets: dict[int, float]
     checked: tuple[str, ...] = ()
     confirming: str | None = None
+    calibrated: tuple[str, ...] = ()
 
     def reference(self, window: int) -> str:
         return self.references[window]
@@ -59,7 +62,10 @@ def read_goal(block, where: str) -> Goal:
     targets = {int(w): float(t) for w, t in (goal.get("targets") or {}).items()}
     if set(targets) - set(references):
         raise ValueError(f"{where}.goal.targets at windows {sorted(set(targets) - set(references))} have no reference")
-    return Goal(references, targets, tuple(goal.get("checked") or ()), goal.get("confirming"))
+    checked, calibrated = tuple(goal.get("checked") or ()), tuple(goal.get("calibrated") or ())
+    if set(calibrated) - set(checked):
+        raise ValueError(f"{where}.goal.calibrated names {sorted(set(calibrated) - set(checked))}, not in checked")
+    return Goal(references, targets, checked, goal.get("confirming"), calibrated)
 
 
 def load_studies(conf_dir: Path) -> dict[str, list[Study]]:

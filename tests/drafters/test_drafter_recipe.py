@@ -39,7 +39,11 @@ from sjd.types import Prompt
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p.name for p in (ROOT / "sjd" / "assets").glob("drafter_*"))
 MODELS = {"drafter_toy": "toy", "drafter_standin_lumina_512_cal": "standin_lumina_512_cal",
-          "drafter_standin_lumina_768_cal": "standin_lumina_768_cal"}  # fmt: skip
+          "drafter_standin_lumina_768_cal": "standin_lumina_768_cal",
+          "drafter_standin_lumina_512_cal_calibrated": "standin_lumina_512_cal"}  # fmt: skip
+# the model config key naming each shipped drafter: `drafter` (what decoder=eagle & co. take), or another a study
+# overlay names (conf/experiment/drafters_calibrated.yaml)
+MODEL_KEY = {"drafter_standin_lumina_512_cal_calibrated": "drafter_calibrated"}
 
 
 @pytest.fixture(scope="module")
@@ -269,11 +273,13 @@ def test_the_recipe_check_survives_another_cpu_kernel_set_and_thread_count(name)
 @pytest.mark.parametrize("name", SHIPPED)
 def test_each_model_config_names_its_shipped_drafter_and_it_fits(compose_cfg, name):
     cfg = compose_cfg([f"model={MODELS[name]}", "decoder=eagle"])
-    assert cfg.decoder.drafter.weights == f"sjd/assets/{name}"
-    record = json.loads((resolve(cfg.decoder.drafter.weights) / "drafter.json").read_text())
+    key = MODEL_KEY.get(name, "drafter")
+    weights = cfg.decoder.drafter.weights if key == "drafter" else cfg.model[key]
+    assert weights == f"sjd/assets/{name}"
+    record = json.loads((resolve(weights) / "drafter.json").read_text())
     assert record["recipe"]["model"]["name"] == MODELS[name]
     assert record["measured"]["top10"]["accept"] > record["measured"]["top10"]["untrained"]
-    assert (resolve(cfg.decoder.drafter.weights) / "model.safetensors").stat().st_size < 2_000_000
+    assert (resolve(weights) / "model.safetensors").stat().st_size < 2_000_000
 
 
 def test_training_captions_never_are_evaluation_prompts(script, toy):

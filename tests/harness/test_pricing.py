@@ -50,6 +50,19 @@ def test_a_decoder_takes_the_counts_of_the_config_its_settings_match_at_the_near
     assert all(math.isnan(x) for x in decoder_overheads("NoSuchDecoder", {}, "dynamic"))
 
 
+def test_a_compiled_run_takes_the_counts_with_compiled_kernels_where_its_class_was_counted_so():
+    """compile=true compiles the iteration's kernels (sjd.decoders.kernels), so a compiled run is priced at the calls
+    counted with them (scripts/count_syncs.py --kernels compiled): fewer calls, the same syncs; a class counted
+    only eagerly keeps its eager counts."""
+    table = counted_overheads()
+    sjd = {k: str(v) for k, v in decoder_config("sjd").items()}
+    eager = decoder_overheads("SJDDecoder", sjd | {"window": 16}, "static")
+    compiled = decoder_overheads("SJDDecoder", sjd | {"window": 16}, "static", compiled=True)
+    assert compiled[0] < eager[0] and compiled[1] == eager[1]
+    only_eager = table[table["kernels"] == "eager"].assign(cls="OnlyEager")
+    assert decoder_overheads("OnlyEager", sjd | {"window": 16}, "static", only_eager, compiled=True) == eager
+
+
 def rows(decoder: str, accepted: list[int], extras: dict, n: int = 3) -> list[dict]:
     return [{"decoder": decoder, "prompt_id": str(i), "n_tokens": sum(accepted), "n_forward": len(accepted),
              "latency_s": 1.0, "prefill_s": 0.0, "decode_s": 1.0, "model_s": 0.5, "accepted": accepted,
