@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from sjd.core.sampling import SamplingConfig, row_uniforms
-from sjd.decoders.base import Decoder, DecodeResult, ForwardClock, device_sync
+from sjd.decoders.base import Decoder, DecodeResult, ForwardClock
 from sjd.models.base import ModelAdapter
 from sjd.types import Prompt
 
@@ -33,40 +33,31 @@ class ARDecoder(Decoder):
         layout, device, B = adapter.layout, adapter.device, len(prompts)
         clock = ForwardClock(adapter)
         tokens = torch.empty(B, layout.n_tokens, dtype=torch.long, device=device)
-
-        t0 = time.perf_counter()
-        logits = clock.prefill(prompts, sampling.uses_uncond)
-        t_prefill = time.perf_counter() - t0
         entropy = torch.zeros(B, dtype=torch.float64, device=device)  # summed over code positions
-        measure_s = 0.0
         free = (layout.forced < 0).tolist()
+        tokens[:, 0] = clock.start(prompts, sampling, generators)  # prefill and position 0, as every decoder's
         clock.defer_finite_check = True  # AR reads nothing a step: every forward's NaN/inf flag is read at the end
-        clock.stages.begin()
-        for pos in range(layout.n_tokens):
+        measure_s = self.measure(entropy, clock.first_p, free[0], clock)
+        for pos in range(1, layout.n_tokens):
+            logits = clock.forward(tokens[:, pos - 1 : pos], [pos - 1] * B)
             positions = torch.full((B, 1), pos, device=device)
             probs = self.kernels.pipeline(logits, positions, layout, sampling)  # [B, 1, V]
             clock.lap("pipeline")
-            if free[pos]:  # a measurement, not decoding: kept out of the decode time and its split
-                t_measure = time.perf_counter()
-                entropy += torch.special.entr(probs[:, 0]).sum(-1)
-                clock.stages.exclude()
-                measure_s += time.perf_counter() - t_measure
+            measure_s += self.measure(entropy, probs[:, 0], free[pos], clock)
             tokens[:, pos] = self.kernels.sample_from(probs[:, 0], row_uniforms(generators, device))
             clock.lap("verify")
-            if pos + 1 < layout.n_tokens:  # the last token needs no forward of its own
-                logits = clock.forward(tokens[:, pos : pos + 1], [pos] * B)
-        clock.read(torch.zeros(0, dtype=torch.long, device=device))  # raises, naming the forward, on a NaN/inf
-        device_sync(device)
-        decode_s = time.perf_counter() - t0 - t_prefill - measure_s
+        result = clock.finish(tokens, [clock.calls] * B, [[1] * layout.n_tokens for _ in range(B)], measure_s)
+        result.extras["window_inputs"] = [clock.calls - 1] * B  # one input a forward
+        result.entropy_nats = (entropy / max(1, sum(free))).tolist()
+        return result
 
-        return DecodeResult(
-            tokens=tokens.cpu(),
-            n_forward=[clock.calls] * B,
-            accepted=[[1] * layout.n_tokens for _ in range(B)],
-            prefill_s=t_prefill,
-            decode_s=decode_s,
-            model_s=clock.model_s,
-            stage_s=clock.stages.split(decode_s),
-            extras={"stage_laps": clock.stages.n_laps, "window_inputs": [clock.calls - 1] * B},  # one input a forward
-            entropy_nats=(entropy / max(1, sum(free))).tolist(),
-        )
+    @staticmethod
+    def measure(entropy: torch.Tensor, probs: torch.Tensor, free: bool, clock: ForwardClock) -> float:
+        """Add the entropy of `probs` [B, V] to `entropy` at a code position: a measurement, not decoding, so its
+        seconds are returned to be kept out of the decode time and out of its split by stage."""
+        if not free:
+            return 0.0
+        t_measure = time.perf_counter()
+        entropy += torch.special.entr(probs).sum(-1)
+        clock.stages.exclude()
+        return time.perf_counter() - t_measure

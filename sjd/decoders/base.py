@@ -162,12 +162,16 @@ class ForwardClock:
         self.stages.begin()
         return first
 
-    def finish(self, tokens: torch.Tensor, n_forward: list[int], accepted: list[list[int]]) -> DecodeResult:
-        """Stop the clock (after the device is idle) and package the result."""
+    def finish(
+        self, tokens: torch.Tensor, n_forward: list[int], accepted: list[list[int]], measured_s: float = 0.0
+    ) -> DecodeResult:
+        """Stop the clock (after the device is idle) and package the result. `measured_s`: seconds of the decode
+        spent measuring, not decoding (AR's entropy), kept out of `decode_s` (and of the stages, which the
+        measurement left with `stages.exclude`)."""
         if self.unread:  # flags no count has brought to the host yet
             self.read(torch.zeros(0, dtype=torch.long, device=self.adapter.device))
         device_sync(self.adapter.device)
-        decode_s = time.perf_counter() - self.t0 - self.t_prefill
+        decode_s = time.perf_counter() - self.t0 - self.t_prefill - measured_s
         return DecodeResult(
             tokens=tokens.cpu(),
             n_forward=n_forward,

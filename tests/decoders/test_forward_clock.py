@@ -44,3 +44,30 @@ def test_no_forward_waits_for_its_events_and_model_s_resolves_them_once(monkeypa
     assert clock.model_s == 3 * 1.5 / 1000  # start to end of each call, GPU clock
     assert FakeEvent.log.count("synchronize") == 1
     assert clock.model_s == 3 * 1.5 / 1000 and FakeEvent.log.count("synchronize") == 1  # resolved once
+
+
+def test_ar_starts_and_finishes_on_the_forward_clock_as_every_decoder_does(monkeypatch):
+    """AR's prefill_s and decode_s are split where every decoder's are (ForwardClock.start: the prefill and
+    position 0's token; finish: the rest, once the device is idle), so a latency ratio compares like with like."""
+    from sjd.bench.bookkeeping import build_model, prompt_batches
+    from sjd.core.seeding import make_generators
+    from sjd.decoders.ar import ARDecoder
+
+    calls = []
+    for name in ("start", "finish"):
+        method = getattr(ForwardClock, name)
+
+        def spy(self, *args, _method=method, _name=name, **kwargs):
+            calls.append(_name)
+            return _method(self, *args, **kwargs)
+
+        monkeypatch.setattr(ForwardClock, name, spy)
+    adapter, sampling = build_model("toy")
+    (group,) = prompt_batches("toy", 1, 2)
+    prompts = [p for p, _ in group]
+    with torch.no_grad():
+        result = ARDecoder().generate(
+            adapter, prompts, sampling, make_generators(0, [p.prompt_id for p in prompts], "cpu")
+        )
+    assert calls == ["start", "finish"]
+    assert result.prefill_s > 0 and result.decode_s > 0 and result.n_forward == [adapter.layout.n_tokens] * 2
