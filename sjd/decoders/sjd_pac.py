@@ -151,7 +151,22 @@ class SJDPACDecoder(CoupledSJDDecoder):
         step.tree_p = self.kernels.pipeline(step.logits, predicted.to(call.device), call.layout, call.sampling)
 
     def verify(self, step: TreeStep) -> None:
-        step.verdict = self.verify_tree(step)
+        """Chain tests; recursive rejection sampling over the siblings at the first rejection (`tree_tests`); then
+        the drafts the chain's slots carry on. Writes the verdict into the step (the phase's one output)."""
+        win, p, call = step.window, step.tree_p, step.call
+        C, device = win.drafts.shape[1], p.device
+        u = draw_tree_uniforms(call.generators, win.chain_lengths, C, self.branches - 1, device)
+        sibling_slot = win.sibling_slot.to(device)
+        n_acc, accepted, next_token, picked, sib_p, bonus, p_chain = self.kernels(tree_tests)(
+            p, win.chain_slot.to(device), win.drafts, win.q, win.n_drafts, win.has_sibling.to(device), win.siblings,
+            sibling_slot, win.sibling_q, u["accept"], u["sibling"], u["final"], u["bonus"], u["bonus_accept"],
+            self.branches, self.branch_depth,
+        )  # fmt: skip
+        step.result = VerifyResult(n_acc, next_token, accepted)
+        offsets = torch.arange(C + 1, device=device)
+        step.positions, step.p = torch.as_tensor(step.state.committed, device=device)[:, None] + offsets, p_chain
+        step.samples, step.samples_q = self.next_drafts(step, u["jacobi"])
+        step.verdict = TreeVerdict(step.result, p_chain, picked, sib_p, bonus, step.samples, step.samples_q)
 
     def commit(self, step: TreeStep) -> None:
         self.commit_tree(step.state, step.window, step.verdict, step.widths)
@@ -276,23 +291,6 @@ class SJDPACDecoder(CoupledSJDDecoder):
             u = torch.rand(len(counts), dq.shape[-1], generator=generator, device=state.tokens.device)
             sib, _ = draw_siblings(dq[: len(counts)], d[: len(counts)], self.branches - 1, u)
         return sib, None
-
-    def verify_tree(self, step: TreeStep) -> TreeVerdict:
-        """Chain tests; recursive rejection sampling over the siblings at the first rejection (`tree_tests`)."""
-        win, p, call = step.window, step.tree_p, step.call
-        C, device = win.drafts.shape[1], p.device
-        u = draw_tree_uniforms(call.generators, win.chain_lengths, C, self.branches - 1, device)
-        sibling_slot = win.sibling_slot.to(device)
-        n_acc, accepted, next_token, picked, sib_p, bonus, p_chain = self.kernels(tree_tests)(
-            p, win.chain_slot.to(device), win.drafts, win.q, win.n_drafts, win.has_sibling.to(device), win.siblings,
-            sibling_slot, win.sibling_q, u["accept"], u["sibling"], u["final"], u["bonus"], u["bonus_accept"],
-            self.branches, self.branch_depth,
-        )  # fmt: skip
-        step.result = VerifyResult(n_acc, next_token, accepted)
-        offsets = torch.arange(C + 1, device=device)
-        step.positions, step.p = torch.as_tensor(step.state.committed, device=device)[:, None] + offsets, p_chain
-        step.samples, step.samples_q = self.next_drafts(step, u["jacobi"])
-        return TreeVerdict(step.result, p_chain, picked, sib_p, bonus, step.samples, step.samples_q)
 
     @staticmethod
     def commit_tree(state: TreeState, win: TreeWindow, verdict: TreeVerdict, widths: list[int]) -> None:
