@@ -24,11 +24,12 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from sjd.decoders.coupled import CoupledSJDDecoder
+from sjd.decoders.drafter_part import DrafterPart
 from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.sjd_pac import SJDPACDecoder
 from sjd.decoders.window import WindowCall, WindowStep
 from sjd.decoders.window_state import WindowState
-from sjd.drafters.checkpoint import drafter_settings, load_drafter, training_record
+from sjd.drafters.checkpoint import drafter_settings, load_drafter
 from sjd.drafters.drafter import DrafterRun
 from sjd.drafters.tree import draw_chain
 from sjd.models.base import ModelAdapter
@@ -43,9 +44,10 @@ class DraftedCall(WindowCall):
 
 
 @dataclass(eq=False, kw_only=True)
-class DrafterContinuation:
-    """Mixin before a window decoder class: the drafter's settings and the two hooks it fills (`begin`,
-    `after_commit`). `continuation` is how many positions after each commit the drafter drafts; the drafter runs
+class DrafterContinuation(DrafterPart):
+    """Mixin before a window decoder class: the drafter's settings (their record, check and network are
+    DrafterPart's) and the two hooks it fills (`begin`, `after_commit`). `continuation` is how many positions
+    after each commit the drafter drafts; the drafter runs
     the image codes' rows of the LM head by default (`decoder.drafter.head`)."""
 
     drafter: dict | None = None
@@ -56,18 +58,6 @@ class DrafterContinuation:
         self.drafter = drafter_settings(self.drafter, self.name, "codes")
         if self.continuation < 1:
             raise ValueError(f"decoder.continuation must be >= 1, got {self.continuation}")
-
-    def config(self) -> dict:
-        out = super().config()
-        out["drafter"] = {**self.drafter, "record": training_record(self.drafter["weights"])}
-        return out
-
-    def check(self, adapter: ModelAdapter) -> None:
-        super().check(adapter)
-        load_drafter(adapter, self.drafter["weights"])
-
-    def networks(self, adapter: ModelAdapter) -> dict[str, torch.nn.Module]:
-        return {"drafter": load_drafter(adapter, self.drafter["weights"])}
 
     def new_call(self, adapter: ModelAdapter, sampling, generators) -> DraftedCall:
         call = super().new_call(adapter, sampling, generators)

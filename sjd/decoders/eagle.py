@@ -32,14 +32,15 @@ from sjd.core.sampling import SamplingConfig, logits_to_probs
 from sjd.core.tree_verify import TreeWalk, sample_and_descend, walk_tree
 from sjd.core.verify import recursive_rejection, without_replacement_q
 from sjd.decoders.base import DecodeCall, Decoder, DecodeResult, ForwardClock
-from sjd.drafters.checkpoint import drafter_settings, load_drafter, training_record
+from sjd.decoders.drafter_part import DrafterPart
+from sjd.drafters.checkpoint import drafter_settings, load_drafter
 from sjd.drafters.drafter import DrafterRun
 from sjd.drafters.tree import CHILDREN, STATIC_SHAPES, DraftTree, check_static_shape, grow
 from sjd.models.base import ModelAdapter
 from sjd.types import CUSTOM_MASK, FEATURES, WINDOW, Prompt
 
 
-class EagleDecoder(Decoder):
+class EagleDecoder(DrafterPart, Decoder):
     requires = frozenset({WINDOW, CUSTOM_MASK, FEATURES})
 
     def __init__(
@@ -73,18 +74,6 @@ class EagleDecoder(Decoder):
             )
         self.name, self.drafter = name, drafter
         self.tree, self.depth, self.top_k, self.total_tokens, self.children = tree, depth, top_k, total_tokens, children
-
-    def config(self) -> dict:
-        out = super().config()
-        out["drafter"] = {**self.drafter, "record": training_record(self.drafter["weights"])}
-        return out
-
-    def check(self, adapter: ModelAdapter) -> None:
-        super().check(adapter)
-        load_drafter(adapter, self.drafter["weights"])  # a drafter that does not fit fails here, at start-up
-
-    def networks(self, adapter: ModelAdapter) -> dict[str, torch.nn.Module]:
-        return {"drafter": load_drafter(adapter, self.drafter["weights"])}
 
     # -- the loop ---------------------------------------------------------------------------------------
     def generate(
