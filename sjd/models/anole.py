@@ -54,6 +54,8 @@ class AnoleAdapter(ChameleonAdapter):
         trust_remote_code: bool = False,
         prompt_template: str = QUESTION,
     ) -> None:
+        # The same signature as lumina.py's on purpose: only the defaults differ (Anole's checkpoint, resolution and
+        # name), which a Hydra config and a user reading `help()` see here; the work is the Chameleon family's.
         super().__init__(weights, vqgan, name, device, resolution, dtype, trust_remote_code, prompt_template)
 
     @classmethod

@@ -69,6 +69,8 @@ class LuminaAdapter(ChameleonAdapter):
         trust_remote_code: bool = False,
         prompt_template: str = QUESTION,
     ) -> None:
+        # The same signature as anole.py's on purpose: only the defaults differ (Lumina-mGPT's checkpoint, resolution
+        # and name), which a Hydra config and a user reading `help()` see here; the work is the Chameleon family's.
         super().__init__(weights, vqgan, name, device, resolution, dtype, trust_remote_code, prompt_template)
 
     @classmethod
