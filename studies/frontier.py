@@ -14,6 +14,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from studies.goal_page import POWERED_PAGE  # noqa: E402
+from studies.regime import audit_verdict, flag_text  # noqa: E402
+
 Z95 = 1.96
 
 
@@ -104,3 +107,29 @@ def published_lines(rows: pd.DataFrame, published: pd.DataFrame) -> list[str]:
             "published settings; its image may be smaller than the published run's (the 512 px stand-in has 32 x 32 "
             "codes, Lumina-mGPT at 768 px 48 x 48), and a decoder that works rows at once gains more on more rows. "
             "A real model's run decides.", "", *lines, ""]  # fmt: skip
+
+
+def powered_lines(rows: pd.DataFrame, powered: pd.DataFrame | None) -> list[str]:
+    """Each decoder of the run that claims to be lossless and has an audit with power of its settings and weights
+    (page audit_powered, studies.regime.powered_audit): that audit's verdict, which a one-sample audit of this
+    run's few images cannot give (its `no power`)."""
+    configs, claims = (json.loads(rows[c].iloc[0]) for c in ("decoder_configs", "decoder_lossless"))
+    run = rows.iloc[0].to_dict()
+    lines = []
+    for own in rows.to_dict("records"):
+        own["lossless"] = bool(claims.get(own["decoder"], False))
+        if own["decoder"] == own["baseline"] or not own["lossless"]:
+            continue
+        flag, audit = audit_verdict(own, configs.get(own["decoder"], {}), powered, run)
+        if audit is None:
+            continue
+        lines.append(
+            f"- `{own['decoder']}`: `audited_lossless` {flag_text(flag)} by the audit with power of "
+            f"`{audit['command']}` (as `{audit['decoder']}`): one-sample p {audit['tf_p']:.3g} on "
+            f"{int(audit['tf_n_tokens']):,} tokens ({int(audit['tf_tokens_needed']):,} needed), excess "
+            f"{audit['tf_excess_nats']:+.4f} nats/token, AR's control p {audit['tf_control_p']:.3g}."
+        )
+    if not lines:
+        return []
+    return [f"Audits with power of this run's lossless decoders (same settings and weights; page "
+            f"[{POWERED_PAGE}]({POWERED_PAGE}.md)):", "", *lines, ""]  # fmt: skip

@@ -32,7 +32,7 @@ from studies.calibration_page import calibration_section
 from studies.cost_page import cost_section
 from studies.drafters_page import drafters_section
 from studies.engine_page import render_engine_page
-from studies.frontier import frontier, published_lines
+from studies.frontier import frontier, powered_lines, published_lines
 from studies.goal_page import POWERED_PAGE, goal_section
 from studies.gpu_page import TITLE as GPU_TITLE
 from studies.gpu_page import render_gpu_page
@@ -73,8 +73,11 @@ def draw(figure: str, rows: pd.DataFrame, out: Path) -> Path:
     return plots.accept_histograms(rows, out)
 
 
-def command_part(page: str, study: Study, i: int, rows: pd.DataFrame, out_dir: Path) -> list[str]:
-    """One listed command's part of a study section: provenance, key table and figure of its latest run."""
+def command_part(
+    page: str, study: Study, i: int, rows: pd.DataFrame, out_dir: Path, powered: pd.DataFrame | None = None
+) -> list[str]:
+    """One listed command's part of a study section: provenance, key table and figure of its latest run (a frontier
+    with the published speedups and the audits with power of its lossless decoders, from `powered`)."""
     if rows.empty:
         return ["Not run yet: no rows in the CSV.", ""]
     rows = latest_run(rows)
@@ -88,6 +91,7 @@ def command_part(page: str, study: Study, i: int, rows: pd.DataFrame, out_dir: P
         lines += [f"![{study.figure}]({name})", ""]
         if study.figure == "frontier":
             lines += published_lines(rows, pd.read_csv(PUBLISHED))
+            lines += powered_lines(rows, powered)
     return lines
 
 
@@ -119,7 +123,7 @@ def render_page(
         lines += [f"## {study.title} (`experiment={study.experiment}`)", "", study.question, ""]
         for i, command in enumerate(study.commands):
             lines += [f"`{command}`", ""]
-            lines += command_part(page, study, i, results[commands == command], out_dir)
+            lines += command_part(page, study, i, results[commands == command], out_dir, powered)
     if any(s.figure == "regime" for s in studies):
         lines += regime_section(page, results, studies, out_dir, tables_dir or out_dir, powered)
     calibrations = [c for s in studies if s.figure == "calibration" for c in s.commands]

@@ -55,3 +55,28 @@ def test_a_model_priced_as_no_gpu_plots_step_compression(tmp_path):
     rows = run_rows(9.0, 11.0).assign(modelled_speedup=float("nan"), step_compression=[1.0, 4.0, 6.0])
     assert frontier(rows, tmp_path / "f.png").stat().st_size > 1000
     assert published_lines(rows, PUBLISHED) == []
+
+
+def test_a_frontier_names_the_audit_with_power_of_each_lossless_decoder_with_its_settings():
+    """The spatial heads run audits 16 images, too few for power (`no power`); Hawk's audit with power
+    (experiment=audit_powered_hawk) has its settings and weights, so the page names it. The same run with Hawk's
+    settings changed matches no audit, and a lossy decoder is never named."""
+    from pathlib import Path
+
+    from studies.frontier import powered_lines
+    from studies.tables import latest_run
+
+    root = Path(__file__).resolve().parents[2]
+    results = pd.read_csv(root / "results" / "studies" / "spatial_heads.csv")
+    rows = latest_run(results[results["command"] == "python run.py experiment=spatial_heads"])
+    powered = pd.read_csv(root / "results" / "studies" / "audit_powered.csv")
+    text = "\n".join(powered_lines(rows, powered))
+    assert (
+        "- `hawk`: `audited_lossless` True by the audit with power of `python run.py experiment=audit_powered_hawk`"
+        in text
+    )
+    assert "`ssd`" not in text  # lossy: no claim to audit
+    configs = json.loads(rows["decoder_configs"].iloc[0])
+    configs["hawk"]["vertical"] = 0
+    changed = rows.assign(decoder_configs=json.dumps(configs))
+    assert "`hawk`" not in "\n".join(powered_lines(changed, powered))
