@@ -116,3 +116,24 @@ def test_the_band_verdict_follows_the_interval():
     assert band_verdict(0.9, 1.1, 0.15) == "inside"
     assert band_verdict(1.2, 1.3, 0.15) == band_verdict(0.7, 0.8, 0.15) == "outside"
     assert band_verdict(0.8, 0.95, 0.15) == band_verdict(float("nan"), 1.0, 0.15) == "crossing"
+
+
+def test_a_calibrated_drafters_ratio_is_a_fit_and_its_efficiency_is_its_test():
+    """`eagle_sampled_cal`'s drafter was trained to land on the published ratio (study.goal.calibrated): its line says
+    so, reads its modelled latency efficiency against the published EAGLE's as the test, and its band does not count
+    toward what the out-of-sample check means for the stand-in."""
+    run = {**RUN, "eagle_sampled_cal": ({"total_tokens": 26}, 2.64, 0.3, 900.0)}  # 1.32x SJD: on the published
+    rows = run_rows(run=run)
+    efficiency = {"eagle_sampled_cal": (0.70, 0.66, 0.74)}  # inside 0.71 +- 0.10
+    for column, i in (("modelled_eager_efficiency", 0), ("modelled_eager_efficiency_lo", 1),
+                      ("modelled_eager_efficiency_hi", 2)):  # fmt: skip
+        rows[column] = rows["decoder"].map(lambda d, i=i: efficiency.get(d, (np.nan,) * 3)[i])
+    assert "eagle_sampled_cal" in GOAL.checked and GOAL.calibrated == ("eagle_sampled_cal",)
+    text = section(rows)
+    line = next(x for x in text.splitlines() if x.startswith("- `eagle_sampled_cal` over"))
+    assert "agrees within 15%" in line and "a fit, not a test" in line
+    assert "is 0.70 (0.66-0.74) against the published 2.10/2.94 = 0.71: agrees" in line
+    alone = {d: v for d, v in run.items() if d not in ("eagle", "eagle_sampled")}
+    only_calibrated = section(run_rows(run=alone))
+    assert "carries the published drafter ratio over" not in only_calibrated  # a fit says nothing of the stand-in
+    assert "does not carry" not in only_calibrated
