@@ -18,10 +18,11 @@ kernel launch. Here everything runs on the CPU, so `SyncCounter` (a torch functi
   for it.
 - an operator call outside the forward: any torch function producing a device tensor while no adapter
   method runs: a kernel launch on a GPU, before any compile fuses them.
-- with `graphs` (what compile=true launches): each call of a decoder's iteration kernels (sjd.decoders.kernels:
-  the logits pipeline, verification, sampling) counts as what a CUDA graph replay of it launches: the replay and
-  a copy of each device tensor input into the graph's own buffers, and nothing inside it. The kernels run
-  eager here; that each is one graph is what tests/decoders/test_kernels.py holds (fullgraph compiles).
+- with `graphs_of` (count_decode; what compile=true launches): each call of a decoder's iteration kernels
+  (sjd.decoders.kernels: the logits pipeline, verification, sampling) counts as what a CUDA graph replay of it
+  launches: the replay and a copy of each device tensor input into the graph's own buffers, and nothing inside
+  it. The kernels run eager here; that each is one graph is what tests/decoders/test_kernels.py holds
+  (fullgraph compiles).
 
 Iterations are the decode loop's forwards (the prefill excluded). `scripts/count_syncs.py` prints the report
 for every decoder; it asserts nothing, and only counts (times nothing).

@@ -1,8 +1,8 @@
 """The tensor work of an iteration outside the model forward, eager or compiled.
 
 Beside the model forward, every iteration runs the shared logits pipeline, a verification rule and inverse-CDF
-sampling. Eager, each is tens of operator calls, and on a GPU each call is a kernel launch of a few microseconds:
-about 130 launches an SJD iteration beyond AR's (results/syncs.csv), beside a 7B forward of a few milliseconds.
+sampling. Eager, each is tens of operator calls, and on a GPU each call is a kernel launch of a few microseconds,
+beside a 7B forward of a few milliseconds (results/syncs.csv counts them per decoder, eager and compiled).
 
 Under compile=true the runner compiles these too (`Decoder.compile_kernels`), each into one graph: `fullgraph`, so
 a graph break is an error here rather than a silent split into many. With torch.compile's `reduce-overhead` mode
@@ -30,6 +30,7 @@ import torch
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs, probs_on_free_columns, sample_from
 from sjd.core.verify import VerifyResult, block_verify, verify
+from sjd.models.causal_lm import RECOMPILE_LIMIT
 from sjd.types import ImageLayout, Logits
 
 
@@ -55,7 +56,7 @@ class Kernels:
     no randomness, no Python state), which fullgraph compiling checks."""
 
     wrap: Callable[[Callable], Callable] = eager
-    compiled: bool = False
+    compiled: bool = False  # whether `wrap` compiles (tests/models/test_compile.py checks a decoder runs these)
     _made: dict = field(default_factory=dict, repr=False)
 
     def __call__(self, fn: Callable) -> Callable:
@@ -88,5 +89,8 @@ EAGER = Kernels()
 @functools.cache
 def compiled_kernels(mode: str | None) -> Kernels:
     """Kernels compiled with torch.compile's `mode` into one graph each (fullgraph), once per process and mode;
-    each shape compiles on first use (the runner's warm-up batch meets the shapes a run uses)."""
+    each shape compiles on first use (the runner's warm-up batch meets the shapes a run uses). Every window width,
+    batch size and decoder setting is a graph of its own, so dynamo's recompile limit is raised as for the
+    compiled windows (sjd.models.causal_lm.RECOMPILE_LIMIT)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     return Kernels(functools.partial(torch.compile, mode=mode, fullgraph=True), compiled=True)

@@ -15,12 +15,21 @@ from sjd.core.sampling import SamplingConfig, sample_from
 from sjd.core.seeding import make_generators
 from sjd.decoders.kernels import EAGER, compiled_kernels
 from sjd.decoders.sjd_pac import tree_tests
+from sjd.models.causal_lm import RECOMPILE_LIMIT
 from sjd.types import Logits
 
 
 @pytest.fixture(scope="module")
 def toy():
     return build_model("toy")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def recompile_limit():
+    """The limit a compiled run has (compiled_kernels raises it once a process; a module that ran before may have
+    put it back, and the kernels' earlier graphs count toward it)."""
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        yield
 
 
 def window(seed: int, B: int = 2, W: int = 6, V: int = 58) -> tuple:

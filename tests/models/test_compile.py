@@ -121,4 +121,5 @@ def test_every_decoder_draws_the_same_tokens_compiled_as_eager(engines, name, mo
     watch.start()
     assert decode(compiled_decoder, compiled, sampling) == decode(decoder, eager, sampling)
     assert compiled.compiled and watch.windows > 0, "no window went through the compiled forward"
+    assert compiled_decoder.kernels.compiled, "the decoder's iteration kernels were not compiled"
     assert watch.eager_shapes == [], f"windows of these shapes compiled no graph: {watch.eager_shapes}"
