@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from sjd.harness.config import register_resolvers
+from sjd.harness.decoder_configs import settle_named_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -44,7 +45,7 @@ def compose_cfg():
     def _compose(overrides=()):
         GlobalHydra.instance().clear()
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            return compose("config", overrides=list(overrides))
+            return settle_named_rows(compose("config", overrides=list(overrides)))
 
     yield _compose
     GlobalHydra.instance().clear()

@@ -8,7 +8,7 @@ the claim it would make, so an audit that catches it has caught a false claim.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 import torch
 
@@ -105,13 +105,20 @@ class LowPrecisionDrafts(SJDDecoder):
         return sample_from(low / low.sum(-1, keepdim=True), uniforms), p
 
 
+@dataclass(eq=False, kw_only=True)
 class RatioRuleOnTopK(EagleDecoder):
     """FAULTY: EAGLE-2's deterministic top-k children verified with EAGLE-1's ratio rule (accept the i-th child
     x iff u * q_i(x) < p(x), q_i = q without the earlier children), which is exact only for children drawn from
-    q. With p = (.5, .5) and the arg-max child of q = (.6, .4), the child is committed with probability 5/6."""
+    q. With p = (.5, .5) and the arg-max child of q = (.6, .4), the child is committed with probability 5/6.
+    `window`, as every control takes it, is the tree's forward width (EAGLE's `total_tokens`)."""
 
-    def __init__(self, name: str = "ratio_rule_top_k", window: int = 60, drafter: dict | None = None, **kw) -> None:
-        super().__init__(name, drafter or {"weights": "random"}, total_tokens=window, **kw)
+    name: str = "ratio_rule_top_k"
+    window: InitVar[int | None] = None
+
+    def __post_init__(self, window: int | None) -> None:
+        self.drafter = self.drafter or {"weights": "random"}
+        self.total_tokens = window if window is not None else self.total_tokens
+        super().__post_init__()
 
     def candidate_q(self, tree):
         rows = torch.arange(tree.tokens.shape[0], device=tree.tokens.device)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -19,9 +20,9 @@ from sjd.models.base import ModelAdapter
 from sjd.types import Prompt
 
 
+@dataclass(eq=False, kw_only=True)
 class ARDecoder(Decoder):
-    def __init__(self, name: str = "ar") -> None:
-        self.name = name
+    name: str = "ar"
 
     def generate(
         self,

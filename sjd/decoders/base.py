@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 
 import torch
 
@@ -253,8 +253,14 @@ class Decoder(ABC):
         return {}
 
     def config(self) -> dict:
-        """The decoder's settings, recorded in every results row."""
-        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        """The decoder's settings, recorded in every results row: every field of its settings dataclass, those a
+        subclass fixes (`init=False`, e.g. Jacobi's `verification`) included."""
+        if not is_dataclass(self):
+            raise TypeError(
+                f"decoder class {type(self).__name__} must be a dataclass (@dataclass(eq=False, kw_only=True)) whose "
+                "fields are its settings (docs/adding-a-decoder.md)"
+            )
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @abstractmethod
     def generate(

@@ -24,7 +24,8 @@ the draft at j+1 follows a chain whose marginal at every iteration is the q it i
 with; so when position j+1 is first tested for commitment, the standard speculative-sampling
 argument applies. The exactness audit (scripts/audit.py) checks this at N >= 20,000.
 
-The decoder is SJD's loop (sjd.decoders.sjd) with only `next_drafts` replaced; the other parts
+The decoder is SJD's loop (sjd.decoders.sjd) with only `next_drafts` replaced (the `Coupled` part, which
+SJD-PAC, sjd.decoders.sjd_pac, holds too); the other parts
 of our combination are SJD's: `init` (drafts from the row above: by default `vertical_dist`, a draw
 from the distribution the committed code above came from, sjd.core.drafts) and `forced_drafts`.
 Gumbel and maximal coupling do not compose: a residual drawn with the Gumbel vector that drew
@@ -47,8 +48,11 @@ COUPLINGS = ("none", "gumbel", "maximal")
 
 
 @dataclass(eq=False, kw_only=True)
-class CoupledSJDDecoder(SJDDecoder):
-    name: str = "csjd"
+class Coupled:
+    """The coupling part, before a decoder on SJD's loop in its bases (coupled SJD, SJD-PAC): its settings and the
+    two hooks it fills, `begin` (Gumbel vectors) and `next_drafts`. A part rather than a parent, so a decoder that
+    couples its drafts is one level below SJD, not two."""
+
     init: str = "vertical_dist"
     coupling: str = "maximal"
     verification: str = field(default="token", init=False)  # a coupling keeps the token rule (SJD's docstring)
@@ -59,6 +63,7 @@ class CoupledSJDDecoder(SJDDecoder):
             raise ValueError(f"decoder.coupling must be one of {COUPLINGS}, got {self.coupling!r}")
 
     def begin(self, state: WindowState, call: WindowCall) -> None:
+        super().begin(state, call)
         if self.coupling != "gumbel":
             return
         # One Gumbel vector per (row, generated position), from the row's own generator so a
@@ -79,6 +84,11 @@ class CoupledSJDDecoder(SJDDecoder):
         else:
             samples = self.kernels.sample_from(p, uniforms)  # nothing to couple with
         return samples, p
+
+
+@dataclass(eq=False, kw_only=True)
+class CoupledSJDDecoder(Coupled, SJDDecoder):
+    name: str = "csjd"
 
 
 def maximal_coupling_next(

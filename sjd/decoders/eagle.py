@@ -25,6 +25,7 @@ Settings (conf/decoder/eagle.yaml): `tree` (`dynamic`, or a static shape such as
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -40,40 +41,38 @@ from sjd.models.base import ModelAdapter
 from sjd.types import CUSTOM_MASK, FEATURES, WINDOW, Prompt
 
 
+@dataclass(eq=False, kw_only=True)
 class EagleDecoder(DrafterPart, Decoder):
     requires = frozenset({WINDOW, CUSTOM_MASK, FEATURES})
 
-    def __init__(
-        self,
-        name: str = "eagle",
-        drafter: dict | None = None,
-        tree: str = "dynamic",
-        depth: int = 7,
-        top_k: int = 10,
-        total_tokens: int = 60,
-        children: str = "top_k",
-    ) -> None:
-        drafter = drafter_settings(drafter, name, "full")  # the published drafters run the full head
-        if tree != "dynamic":
-            check_static_shape(tree)
-        if children not in CHILDREN:
-            raise ValueError(f"decoder.children must be one of {CHILDREN}, got {children!r}")
-        if self.lossless and tree == "dynamic" and children == "sampled":
+    name: str = "eagle"
+    drafter: dict | None = None
+    tree: str = "dynamic"
+    depth: int = 7
+    top_k: int = 10
+    total_tokens: int = 60
+    children: str = "top_k"
+
+    def __post_init__(self) -> None:
+        self.drafter = drafter_settings(self.drafter, self.name, "full")  # the published drafters run the full head
+        if self.tree != "dynamic":
+            check_static_shape(self.tree)
+        if self.children not in CHILDREN:
+            raise ValueError(f"decoder.children must be one of {CHILDREN}, got {self.children!r}")
+        if self.lossless and self.tree == "dynamic" and self.children == "sampled":
             # A dynamic tree keeps a sampled child by its score, which depends on the child's own token, so
             # whether it is there to be tested depends on its value and recursive rejection no longer gives p
             # (docs/algorithms.md §12.4 has a counterexample).
             raise ValueError(
-                f"decoder {name!r}: decoder.children=sampled with decoder.tree=dynamic is not exact (a dynamic tree "
-                "keeps a sampled child only if its own score, which depends on its token, passes a cut); use a "
+                f"decoder {self.name!r}: decoder.children=sampled with decoder.tree=dynamic is not exact (a dynamic "
+                "tree keeps a sampled child only if its own score, which depends on its token, passes a cut); use a "
                 "static tree (decoder.tree=mc_sim_7b_63, as eagle_sampled does) or decoder.children=top_k"
             )
-        if depth < 1 or top_k < 1 or total_tokens < 2:
+        if self.depth < 1 or self.top_k < 1 or self.total_tokens < 2:
             raise ValueError(
-                f"decoder.depth and decoder.top_k must be >= 1 and decoder.total_tokens >= 2, got {depth}, {top_k}, "
-                f"{total_tokens}"
+                f"decoder.depth and decoder.top_k must be >= 1 and decoder.total_tokens >= 2, got {self.depth}, "
+                f"{self.top_k}, {self.total_tokens}"
             )
-        self.name, self.drafter = name, drafter
-        self.tree, self.depth, self.top_k, self.total_tokens, self.children = tree, depth, top_k, total_tokens, children
 
     # -- the loop ---------------------------------------------------------------------------------------
     def generate(

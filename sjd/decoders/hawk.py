@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sjd.decoders.headed import SJDPACHeadsDecoder
-from sjd.decoders.sjd_pac import TreeState
+from sjd.decoders.headed import HeadsContinuation
+from sjd.decoders.sjd_pac import SJDPACDecoder, TreeState
 from sjd.decoders.window import WindowCall
 from sjd.drafters.heads import HEADS_KEY, DraftHeads, load_heads
 from sjd.models.base import ModelAdapter
-from sjd.types import ImageLayout
+from sjd.types import FEATURES, ImageLayout
 
 
 @dataclass
@@ -43,7 +43,9 @@ class HawkState(TreeState):
 
 
 @dataclass(eq=False, kw_only=True)
-class HawkDecoder(SJDPACHeadsDecoder):
+class HawkDecoder(HeadsContinuation, SJDPACDecoder):
+    requires = SJDPACDecoder.requires | {FEATURES}
+
     name: str = "hawk"
     window: int = 13  # a lead-in of up to 2, 4 horizontal drafts, 2 speculations at each of them (fewer fit first)
     horizontal: int = 4

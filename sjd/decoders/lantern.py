@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from dataclasses import dataclass
 
 from sjd.core.relaxed_rules import CodeNeighbours, code_neighbours, lantern_tree_rule
 from sjd.decoders.eagle import EagleDecoder
@@ -49,30 +50,22 @@ from sjd.types import CODE_EMBEDDINGS
 ZERO_IN = ("p", "q")
 
 
+@dataclass(eq=False, kw_only=True)
 class RelaxedTreeDecoder(EagleDecoder):
     """What LANTERN and LANTERN++ share: the neighbour table and the relaxed node test; `bound()` says which."""
 
     requires = EagleDecoder.requires | {CODE_EMBEDDINGS}
     lossless = False
 
-    def __init__(
-        self,
-        name: str,
-        drafter: dict | None,
-        tree: str,
-        depth: int,
-        top_k: int,
-        total_tokens: int,
-        children: str,
-        neighbours: int,
-        zero_neighbours_in: str,
-    ) -> None:
-        if neighbours < 0:
-            raise ValueError(f"decoder.neighbours (LANTERN's k) must be >= 0, got {neighbours}")
-        if zero_neighbours_in not in ZERO_IN:
-            raise ValueError(f"decoder.zero_neighbours_in must be one of {ZERO_IN}, got {zero_neighbours_in!r}")
-        super().__init__(name, drafter, tree, depth, top_k, total_tokens, children)
-        self.neighbours, self.zero_neighbours_in = neighbours, zero_neighbours_in
+    neighbours: int
+    zero_neighbours_in: str
+
+    def __post_init__(self) -> None:
+        if self.neighbours < 0:
+            raise ValueError(f"decoder.neighbours (LANTERN's k) must be >= 0, got {self.neighbours}")
+        if self.zero_neighbours_in not in ZERO_IN:
+            raise ValueError(f"decoder.zero_neighbours_in must be one of {ZERO_IN}, got {self.zero_neighbours_in!r}")
+        super().__post_init__()
         self._tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> neighbours_of(model)
 
     def bound(self) -> dict:
@@ -101,54 +94,46 @@ class RelaxedTreeDecoder(EagleDecoder):
         )
 
 
+@dataclass(eq=False, kw_only=True)
 class LanternDecoder(RelaxedTreeDecoder):
     """LANTERN: the additive bound c_J <= delta, on EAGLE-2's dynamic tree by default."""
 
-    def __init__(
-        self,
-        name: str = "lantern",
-        drafter: dict | None = None,
-        tree: str = "dynamic",
-        depth: int = 4,
-        top_k: int = 10,
-        total_tokens: int = 59,
-        children: str = "top_k",
-        neighbours: int = 1000,
-        delta: float = 0.1,
-        zero_neighbours_in: str = "p",
-    ) -> None:
-        if not 0 <= delta <= 1:
+    name: str = "lantern"
+    depth: int = 4
+    total_tokens: int = 59
+    neighbours: int = 1000
+    delta: float = 0.1
+    zero_neighbours_in: str = "p"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.delta <= 1:
             raise ValueError(
-                f"decoder.delta must be in [0, 1], got {delta} (the released code reads a delta above 1 as "
+                f"decoder.delta must be in [0, 1], got {self.delta} (the released code reads a delta above 1 as "
                 "LANTERN++'s lambda: use decoder=lantern_pp and decoder.lam)"
             )
-        super().__init__(name, drafter, tree, depth, top_k, total_tokens, children, neighbours, zero_neighbours_in)
-        self.delta = delta
+        super().__post_init__()
 
     def bound(self) -> dict:
         return {"delta": self.delta}
 
 
+@dataclass(eq=False, kw_only=True)
 class LanternPPDecoder(RelaxedTreeDecoder):
     """LANTERN++: the multiplicative bound c_J <= (lam - 1) p(x), on EAGLE-1's static tree by default."""
 
-    def __init__(
-        self,
-        name: str = "lantern_pp",
-        drafter: dict | None = None,
-        tree: str = "naive_extend_57",
-        depth: int = 5,
-        top_k: int = 10,
-        total_tokens: int = 58,
-        children: str = "sampled",
-        neighbours: int = 10,
-        lam: float = 5.0,
-        zero_neighbours_in: str = "q",
-    ) -> None:
-        if lam < 1:
-            raise ValueError(f"decoder.lam (LANTERN++'s lambda) must be >= 1, got {lam}")
-        super().__init__(name, drafter, tree, depth, top_k, total_tokens, children, neighbours, zero_neighbours_in)
-        self.lam = lam
+    name: str = "lantern_pp"
+    tree: str = "naive_extend_57"
+    depth: int = 5
+    total_tokens: int = 58
+    children: str = "sampled"
+    neighbours: int = 10
+    lam: float = 5.0
+    zero_neighbours_in: str = "q"
+
+    def __post_init__(self) -> None:
+        if self.lam < 1:
+            raise ValueError(f"decoder.lam (LANTERN++'s lambda) must be >= 1, got {self.lam}")
+        super().__post_init__()
 
     def bound(self) -> dict:
         return {"lam": self.lam}

@@ -112,22 +112,25 @@ class RowState:
         return all(self.committed.tolist())
 
 
+@dataclass(eq=False, kw_only=True)
 class PJDDecoder(Decoder):
     requires = frozenset({WINDOW, CUSTOM_MASK})
     lossless = False
 
-    def __init__(
-        self, name: str = "pjd", window: int = 8, context: int = 9, keep_threshold: float = 0.5, init: str = "random"
-    ) -> None:
-        if window < 1 or context < 1:
-            raise ValueError(f"decoder.window and decoder.context must be >= 1, got {window}, {context}")
-        if not 0.0 <= keep_threshold <= 1.0:
-            raise ValueError(f"decoder.keep_threshold must be in [0, 1], got {keep_threshold}")
-        if init not in SCHEMES:
-            raise ValueError(f"decoder.init must be one of {SCHEMES}, got {init!r}")
-        self.name, self.window, self.context = name, window, context
-        self.keep_threshold, self.init = keep_threshold, init
-        self.every_row_samples = False  # ZipAR: lower rows take their bonus sample too
+    name: str = "pjd"
+    window: int = 8
+    context: int = 9
+    keep_threshold: float = 0.5
+    init: str = "random"
+    every_row_samples: bool = field(default=False, init=False)  # ZipAR: lower rows take their bonus sample too
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.context < 1:
+            raise ValueError(f"decoder.window and decoder.context must be >= 1, got {self.window}, {self.context}")
+        if not 0.0 <= self.keep_threshold <= 1.0:
+            raise ValueError(f"decoder.keep_threshold must be in [0, 1], got {self.keep_threshold}")
+        if self.init not in SCHEMES:
+            raise ValueError(f"decoder.init must be one of {SCHEMES}, got {self.init!r}")
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)

@@ -17,7 +17,7 @@ whose fallback is the next stage, so the committed token is distributed exactly 
 accepted sibling ends the chain, and its own output gives the next token exactly (a bonus):
 the chain's carried draft there is tested against it and kept if it passes, so the drafts
 after it, drawn given that draft, stay in step. Next drafts for the chain slots come from the
-coupling, as in CoupledSJDDecoder. A committed sibling is written through `WindowState.commit`'s
+coupling, as in coupled SJD (its `Coupled` part). A committed sibling is written through `WindowState.commit`'s
 `end_row` hook, so the rest of the commit is SJD's.
 
 Our choices (SJD-PAC's code is unreleased; its page gives depth 3, width 4):
@@ -48,7 +48,8 @@ from sjd.core.verify import (
     stop_slot,
 )
 from sjd.decoders.base import DecodeResult, ForwardClock
-from sjd.decoders.coupled import CoupledSJDDecoder
+from sjd.decoders.coupled import Coupled
+from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.window import WindowCall, WindowStep
 from sjd.decoders.window_state import WindowState
 from sjd.types import CUSTOM_MASK, WINDOW, ImageLayout
@@ -112,7 +113,7 @@ class TreeStep(WindowStep):
 
 
 @dataclass(eq=False, kw_only=True)
-class SJDPACDecoder(CoupledSJDDecoder):
+class SJDPACDecoder(Coupled, SJDDecoder):
     requires = frozenset({WINDOW, CUSTOM_MASK})
 
     name: str = "csjd_pac"

@@ -65,27 +65,30 @@ class SSDCall(RowCall):
     code_head: bool
 
 
+@dataclass(eq=False, kw_only=True)
 class SSDDecoder(PJDDecoder):
     requires = frozenset({WINDOW, CUSTOM_MASK, FEATURES})
     lossless = False
 
-    def __init__(
-        self,
-        name: str = "ssd",
-        window: int = 5,
-        rows_below: int = 2,
-        rounds: int = 2,
-        context: int = 5,
-        drafting: str = "chain",
-        heads: dict | None = None,
-    ) -> None:
-        super().__init__(name=name, window=window, context=context, keep_threshold=0.0, init="random")
-        if rows_below < 0 or rounds < 1:
-            raise ValueError(f"decoder.rows_below must be >= 0 and decoder.rounds >= 1, got {rows_below}, {rounds}")
-        if drafting not in DRAFTING:
-            raise ValueError(f"decoder.drafting must be one of {DRAFTING}, got {drafting!r}")
-        self.rows_below, self.rounds, self.drafting = rows_below, rounds, drafting
-        self.heads = heads_settings(heads, name)
+    name: str = "ssd"
+    window: int = 5
+    rows_below: int = 2
+    rounds: int = 2
+    context: int = 5
+    drafting: str = "chain"
+    heads: dict | None = None
+    keep_threshold: float = field(default=0.0, init=False)
+    init: str = field(default="random", init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rows_below < 0 or self.rounds < 1:
+            raise ValueError(
+                f"decoder.rows_below must be >= 0 and decoder.rounds >= 1, got {self.rows_below}, {self.rounds}"
+            )
+        if self.drafting not in DRAFTING:
+            raise ValueError(f"decoder.drafting must be one of {DRAFTING}, got {self.drafting!r}")
+        self.heads = heads_settings(self.heads, self.name)
 
     def config(self) -> dict:
         return {

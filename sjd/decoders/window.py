@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -130,10 +130,6 @@ class WindowDecoder(WindowSettings, Decoder):
         return state.finish(call.clock)
 
     # -- set-up ----------------------------------------------------------------------------------------
-    def config(self) -> dict:
-        """Every setting, those a subclass fixes (`init=False`, e.g. Jacobi's `verification`) included."""
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, **super().config()}
-
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
         self.check_window_fits(adapter)  # an unknown official family or too wide a window fails at start-up

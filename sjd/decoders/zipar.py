@@ -17,16 +17,25 @@ only, until the row above commits it (PJD's anchoring choice, see sjd.decoders.p
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from sjd.decoders.pjd import PJDDecoder
 
 
+@dataclass(eq=False, kw_only=True)
 class ZipARDecoder(PJDDecoder):
     lossless = False
 
-    def __init__(self, name: str = "zipar", context: int = 16) -> None:
-        super().__init__(name=name, window=1, context=context, keep_threshold=0.5, init="random")
-        self.window = 0  # no drafts: each active row forwards its last token and samples the next
-        self.every_row_samples = True
+    name: str = "zipar"
+    context: int = 16
+    window: int = field(default=0, init=False)  # no drafts: each active row forwards its last token, samples the next
+    keep_threshold: float = field(default=0.5, init=False)
+    init: str = field(default="random", init=False)
+    every_row_samples: bool = field(default=True, init=False)
+
+    def __post_init__(self) -> None:
+        if self.context < 1:  # PJD's window check does not apply: ZipAR drafts nothing
+            raise ValueError(f"decoder.context must be >= 1, got {self.context}")
 
     def config(self) -> dict:
         return {"name": self.name, "context": self.context}

@@ -37,6 +37,7 @@ RUN_KEYS: dict[str, tuple[Any, Callable[[Any], bool] | None, str]] = {
     "grid_prompts": (int, lambda v: v >= 0, ">= 0"),
     "extra_decoders": (list | None, None, ""),
     "named_decoders": (dict | None, None, ""),
+    "named_window": (int | None, lambda v: v >= 1, ">= 1"),
     "experiment_name": (str | int | None, None, ""),
     "results_csv": (str | None, None, ""),
     "dist_timeout_min": (float, lambda v: v > 0, "> 0"),

@@ -45,6 +45,7 @@ from sjd.core.seeding import prompt_seed, sample_generators
 from sjd.decoders.base import Decoder, device_sync
 from sjd.harness import contention
 from sjd.harness.config_check import check_run_config
+from sjd.harness.decoder_configs import settle_named_rows
 from sjd.harness.distributed import DataParallel, rank_info, shard
 from sjd.harness.plots import accept_histograms
 from sjd.harness.prompts import PromptSet, load_prompt_set, resolve_path
@@ -171,6 +172,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> pd.DataFrame | None:
     stay per-prompt measurements, but N ranks on one machine contend for its CPU cores (and memory
     bandwidth): compare latencies only between runs of the same world size (recorded in the summary).
     """
+    settle_named_rows(cfg)  # an overlay's rows named by their rows, at the study's window (named_window)
     check_run_config(cfg)  # types, ranges and the device, naming the key, before anything is loaded
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -233,3 +233,33 @@ def test_an_overlay_names_a_decoder_config_and_changes_only_what_differs(compose
     bad = compose_cfg(["experiment=drafters", "+named_decoders.csjd_drafter_c16_w64.no_such_setting=1"])
     with pytest.raises(ValueError, match=r"named_decoders\.csjd_drafter_c16_w64"):
         check_run_config(bad)
+
+
+def test_an_overlays_rows_are_named_by_their_rows_and_its_window_rows_follow_the_run(compose_cfg):
+    """`named_decoders.<row>` is named `<row>` whatever config it builds, and `named_window: ${decoder.window}` runs
+    every row of the window family at the command's window, while PJD's row window and ZipAR keep their own."""
+    from sjd.harness.runner import build_decoders
+
+    cfg = compose_cfg(["experiment=regime_map", "model=toy", "prompts=toy", "decoder.window=32"])
+    built = {d.name: d for d in build_decoders(cfg)[0]}
+    assert set(cfg.named_decoders) <= set(built)
+    assert type(built["csjd_harness"]).__name__ == "CoupledSJDDecoder"  # conf/decoder/csjd.yaml, named by its row
+    window_rows = [n for n in cfg.named_decoders if hasattr(built[n], "window_schedule")]
+    assert len(window_rows) >= 10 and {built[n].window for n in window_rows} == {32}
+    assert built["pjd"].window == decoder_config("pjd").window != 32
+    assert built["zipar_c8"].context == 8
+
+
+def test_without_named_window_each_row_keeps_its_configs_window(compose_cfg):
+    from sjd.harness.runner import build_decoders
+
+    cfg = compose_cfg(["experiment=regime_map", "model=toy", "prompts=toy", "named_window=null"])
+    built = {d.name: d for d in build_decoders(cfg)[0]}
+    assert built["csjd_pac"].window == decoder_config("csjd_pac").window == 64 and cfg.decoder.window == 16
+
+
+def test_a_named_window_below_one_is_refused_by_its_key(compose_cfg):
+    from sjd.harness.config_check import ConfigError, check_run_config
+
+    with pytest.raises(ConfigError, match="named_window"):
+        check_run_config(compose_cfg(["experiment=regime_map", "model=toy", "prompts=toy", "named_window=0"]))
