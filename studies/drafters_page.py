@@ -46,7 +46,7 @@ from studies.goal_page import (
     passing,
     ratio_cells,
     ratio_text,
-    single_code_share,
+    verdict_columns,
     verdict_of,
 )
 from studies.overlays import Goal
@@ -258,13 +258,7 @@ def run_part(
                 f"modelled over {ref}": ratio_cells(candidates, f"modelled_vs_{ref}", units)
                 for ref in goal.references.values()
             },  # fmt: skip
-            "one-code commits": [cell(single_code_share(h), ".0%") for h in candidates.get("accept_hist", [])],
-            "one-sample p": [cell(p, ".3g") for p in candidates.get("tf_p", pd.Series(np.nan, candidates.index))],
-            "powered audit p (tokens)": [
-                f"{p:.3g} ({int(n)})" if np.isfinite(p) else "-"
-                for p, n in zip(candidates["powered_p"], candidates["powered_tokens"])
-            ],
-            "audited_lossless": [regime.flag_text(v) for v in candidates["audited_lossless"]],
+            **verdict_columns(candidates),
         }
     )
     lines += [markdown(table), "", "Against the published EAGLE over SJD (out of sample):", ""]

@@ -221,6 +221,21 @@ def single_code_share(accept_hist: str | float) -> float:
     return counts.get(1, 0) / total if total else np.nan
 
 
+def verdict_columns(candidates: pd.DataFrame) -> dict[str, list[str]]:
+    """The columns the goal and drafters tables end with (candidate_rows): how often a decoder commits one code, its
+    run's one-sample p, the powered audit behind its verdict, and that verdict."""
+    missing = pd.Series(np.nan, candidates.index)
+    return {
+        "one-code commits": [cell(single_code_share(h), ".0%") for h in candidates.get("accept_hist", missing)],
+        "one-sample p": [cell(p, ".3g") for p in candidates.get("tf_p", missing)],
+        "powered audit p (tokens)": [
+            f"{p:.3g} ({int(n)})" if np.isfinite(p) else "-"
+            for p, n in zip(candidates["powered_p"], candidates["powered_tokens"])
+        ],
+        "audited_lossless": [regime.flag_text(v) for v in candidates["audited_lossless"]],
+    }
+
+
 def ratio_cells(rows: pd.DataFrame, column: str, units: float) -> list[str]:
     """`value (lo-hi)` of a summary column for each row."""
     return [with_interval(r.get(column), r.get(f"{column}_lo"), r.get(f"{column}_hi"), ".2f", units)
@@ -244,16 +259,7 @@ def run_part(
             "schedule": candidates["schedule"].fillna(""),
             "window": candidates["window"],
             **{heading: ratio_cells(candidates, column, units) for heading, column in shown_ratios(goal)},
-            "one-code commits": [
-                cell(single_code_share(h), ".0%")
-                for h in candidates.get("accept_hist", pd.Series(np.nan, candidates.index))
-            ],
-            "one-sample p": [cell(p, ".3g") for p in candidates.get("tf_p", pd.Series(np.nan, candidates.index))],
-            "powered audit p (tokens)": [
-                f"{p:.3g} ({int(n)})" if np.isfinite(p) else "-"
-                for p, n in zip(candidates["powered_p"], candidates["powered_tokens"])
-            ],
-            "audited_lossless": [regime.flag_text(v) for v in candidates["audited_lossless"]],
+            **verdict_columns(candidates),
         }
     )
     lines += [markdown(table), "", "The goal in this run:", ""]

@@ -176,6 +176,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The Llama family's SwiGLU, as LlamaGen's FeedForward (sjd/models/nets/llamagen_gpt.py) is: kept apart because
+    each module's parameter names are its checkpoints' keys (EAGLE's gate/up/down_proj, LlamaGen's w1/w3/w2)."""
+
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
         bias = cfg.mlp_bias
