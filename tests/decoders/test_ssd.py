@@ -87,7 +87,7 @@ def test_a_model_without_spatial_heads_stops_at_start_up_naming_the_key(decoder)
     run = OmegaConf.create(
         {
             "decoder": load_decoder_config(decoder),
-            "model": OmegaConf.load(ROOT / "conf/model/standin_lumina_768_cal.yaml"),
+            "model": OmegaConf.load(ROOT / "conf/model/standin_lumina_768.yaml"),
         }
     )
     with pytest.raises(InstantiationException, match="needs draft heads: set `decoder.heads.weights`"):

@@ -30,7 +30,7 @@ def test_every_model_and_decoder_composes(compose_cfg, model, decoder):
         with pytest.raises(Exception, match=r"needs a trained drafter: set `decoder\.drafter\.weights`"):
             instantiate(cfg.decoder)
         d = instantiate(cfg.decoder, drafter={"weights": "random"})
-    elif "heads" in cfg.decoder and cfg.model.get("heads") is None:
+    elif "heads" in cfg.decoder and cfg.decoder.heads.get("weights") is None:  # model.heads or model.spatial_heads
         # a heads decoder on a model with no shipped heads stops at once, naming the key to set
         with pytest.raises(Exception, match=r"needs draft heads: set `decoder\.heads\.weights`"):
             instantiate(cfg.decoder)
