@@ -42,6 +42,7 @@ from studies.goal_page import (
     also_steps,
     audit_text,
     candidate_rows,
+    confirming_row,
     deciding_column,
     passing,
     ratio_cells,
@@ -218,12 +219,10 @@ def target_lines(
             f"Its {audit_text(best)}.")  # fmt: skip
     if not verdict.startswith("met"):
         return [line]
-    confirmed = [c[c["decoder"] == best["decoder"]] for c in confirmations if best["model"] in set(c["model"])]
-    confirmed = [c.iloc[0] for c in confirmed if len(c)]
-    if not confirmed:
+    again = confirming_row(best, confirmations)
+    if again is None:
         return [line + " It was picked among several by its point estimate, so the met is pending: no confirming "
                 f"run (`experiment={goal.confirming}`) of it on this model yet."]  # fmt: skip
-    again = confirmed[-1]
     return [line + f" Confirming run on fresh seeds and prompts: {ratio_text(again, column)}; the target is "
             f"{verdict_of(again, column, target)}."]  # fmt: skip
 

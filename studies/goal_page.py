@@ -135,9 +135,15 @@ def also_steps(row: pd.Series, column: str, reference: str) -> str:
     return "" if column == steps else f" ({ratio_text(row, steps)} times its step compression)"
 
 
-def goal_lines(candidates: pd.DataFrame, window: int, reference: str, target: float) -> list[str]:
+def goal_lines(
+    candidates: pd.DataFrame,
+    window: int,
+    reference: str,
+    target: float,
+    confirmations: tuple[pd.DataFrame, ...] = (),
+) -> list[str]:
     """The goal at one window: the passing candidate with the highest ratio to `reference` on the deciding
-    measure (deciding_column), and its verdict."""
+    measure (deciding_column), and its verdict (a confirming run's, where the met is a selection's)."""
     column, measure = deciding_column(candidates, reference)
     counted = passing(candidates)
     at = counted[counted["window"] == window]
@@ -145,9 +151,10 @@ def goal_lines(candidates: pd.DataFrame, window: int, reference: str, target: fl
         return [f"- Window {window}: no lossless candidate whose one-sample audit passes has a ratio to `{reference}`."]
     best = at.loc[at[column].idxmax()]
     verdict = verdict_of(best, column, target)
+    caveat = selection_caveat(verdict, len(at), best, column, target, confirmations)
     line = (f"- Window {window}: the best is `{best['decoder']}` at {ratio_text(best, column)} times "
             f"`{reference}`'s {measure}{also_steps(best, column, reference)}; the {target}x target is {verdict}. "
-            f"Its {audit_text(best)}.{selection_caveat(verdict, len(at))}")  # fmt: skip
+            f"Its {audit_text(best)}.{caveat}")  # fmt: skip
     audited = at[at["audited_lossless"].apply(lambda flag: flag is True)]
     if best["audited_lossless"] is not True and not audited.empty and audited[column].notna().any():
         top = audited.loc[audited[column].idxmax()]
@@ -156,7 +163,7 @@ def goal_lines(candidates: pd.DataFrame, window: int, reference: str, target: fl
     return [line]
 
 
-def any_window_lines(candidates: pd.DataFrame, goal: Goal) -> list[str]:
+def any_window_lines(candidates: pd.DataFrame, goal: Goal, confirmations: tuple[pd.DataFrame, ...] = ()) -> list[str]:
     """The window-16 target against the best passing candidate at any window (when that one is wider than 16)."""
     if 16 not in goal.targets:
         return []
@@ -172,16 +179,36 @@ def any_window_lines(candidates: pd.DataFrame, goal: Goal) -> list[str]:
     return [f"- Any window against `{reference}` at window 16 (the target read as SJD's window, not the "
             f"candidate's): the best is `{best['decoder']}` at window {best['window']}, {ratio_text(best, column)} "
             f"times its {measure}; the {target}x target is {verdict}. Its {audit_text(best)}."
-            f"{selection_caveat(verdict, len(counted))}"]  # fmt: skip
+            f"{selection_caveat(verdict, len(counted), best, column, target, confirmations)}"]  # fmt: skip
 
 
-def selection_caveat(verdict: str, candidates: int) -> str:
+def confirming_row(best: pd.Series, confirmations: list[pd.DataFrame]) -> pd.Series | None:
+    """The chosen candidate's row in the latest confirming run on its model (fresh prompts and seeds), if any."""
+    confirmed = [c[c["decoder"] == best["decoder"]] for c in confirmations if best["model"] in set(c["model"])]
+    confirmed = [c.iloc[0] for c in confirmed if len(c)]
+    return confirmed[-1] if confirmed else None
+
+
+def selection_caveat(
+    verdict: str,
+    candidates: int,
+    best: pd.Series | None = None,
+    column: str = "",
+    target: float = np.nan,
+    confirmations: tuple[pd.DataFrame, ...] = (),
+) -> str:
     """A met of the best of several candidates, picked by its point estimate, is pending: its own interval is too
-    generous for the winner of a selection, so a confirming run on fresh seeds and prompts has to decide it."""
+    generous for the winner of a selection, so a confirming run on fresh seeds and prompts has to decide it; where
+    one has run (`confirmations`: the goal's `confirming` experiment), its interval is the verdict."""
     if not verdict.startswith("met") or candidates < 2:
         return ""
-    return (f" It was picked among {candidates} candidates by its point estimate, so the met is pending a "
-            "confirming run of it alone beside the references on fresh prompts and seeds.")  # fmt: skip
+    again = confirming_row(best, list(confirmations)) if best is not None else None
+    if again is None:
+        return (f" It was picked among {candidates} candidates by its point estimate, so the met is pending a "
+                "confirming run of it alone beside the references on fresh prompts and seeds.")  # fmt: skip
+    return (f" It was picked among {candidates} candidates by its point estimate; in the confirming run of it alone "
+            f"beside the references on fresh prompts and seeds (`experiment={again['experiment']}`) it is at "
+            f"{ratio_text(again, column)}, and the target is {verdict_of(again, column, target)}.")  # fmt: skip
 
 
 def ratio_text(row: pd.Series, column: str) -> str:
@@ -243,7 +270,11 @@ def ratio_cells(rows: pd.DataFrame, column: str, units: float) -> list[str]:
 
 
 def run_part(
-    rows: pd.DataFrame, published: dict[str, float], goal: Goal, powered: pd.DataFrame | None = None
+    rows: pd.DataFrame,
+    published: dict[str, float],
+    goal: Goal,
+    powered: pd.DataFrame | None = None,
+    confirmations: tuple[pd.DataFrame, ...] = (),
 ) -> list[str]:
     anchors = run_anchors(rows, published)
     fractions = ", ".join(f"{name} {with_interval(*anchors[name][3:6], '.2f', anchors['n_captions'])}" for name in OURS)
@@ -265,8 +296,8 @@ def run_part(
     lines += [markdown(table), "", "The goal in this run:", ""]
     for window, target in sorted(goal.targets.items()):
         reference = goal.reference(window)
-        lines += goal_lines(candidates, window, reference, target)
-    lines += any_window_lines(candidates, goal)
+        lines += goal_lines(candidates, window, reference, target, confirmations)
+    lines += any_window_lines(candidates, goal, confirmations)
     lines += wider_lines(candidates, goal)
     return [*lines, ""]
 
@@ -288,6 +319,7 @@ def goal_section(
     runs = latest_runs(results, commands)
     if not runs:
         return ["No goal runs yet: no listed command has rows.", ""]
+    confirmations = tuple(r for r in runs if goal.confirming in set(r.get("experiment", pd.Series(dtype=str))))
     lines = [
         "## The goal against both references",
         "",
@@ -310,5 +342,7 @@ def goal_section(
     ]
     theirs = published_anchors(published)
     for rows in runs:
-        lines += run_part(rows, theirs, goal, powered)
+        if any(rows is c for c in confirmations):
+            continue  # read as a confirmation of a selection run's met, not as a run of its own
+        lines += run_part(rows, theirs, goal, powered, confirmations)
     return lines

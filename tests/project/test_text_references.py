@@ -29,6 +29,7 @@ import tokenize
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from sjd.harness.decoder_configs import algorithm_configs
 
@@ -268,3 +269,11 @@ def test_the_readme_names_every_decoder_config():
     listed = set(re.findall(r"`(\w+)`", row.split("|")[2]))
     configs = set(algorithm_configs())
     assert configs - listed == set(), f"README.md's decoder row misses {sorted(configs - listed)}"
+
+
+def test_experiments_readme_lists_every_study_overlay():
+    """experiments/README.md has a row for every overlay in conf/experiment/ that pins a study (a `study:` key),
+    so a study a page shows is never missing from the list a reader starts at."""
+    listed = set(re.findall(r"^\| (\w+) \|", (ROOT / "experiments" / "README.md").read_text(), re.M))
+    studies = {p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml") if OmegaConf.load(p).get("study")}
+    assert studies - listed == set(), f"experiments/README.md has no row for {sorted(studies - listed)}"

@@ -295,3 +295,38 @@ def test_the_targets_and_references_are_the_overlays(tmp_path):
     assert "the 1.5x target is met" in text and "2.5x" not in text
     with pytest.raises(ValueError, match=r"overlay\.yaml: study\.goal must name its references"):
         read_goal(None, "overlay.yaml: study")
+
+
+def test_a_met_picked_among_candidates_stands_only_on_its_confirming_run():
+    """A met by the best of several candidates is pending until the goal's confirming experiment decodes it again on
+    fresh prompts and seeds; that run's interval is then the verdict, and it is not read as a run of its own."""
+    rows = run_rows(spread=0.01)  # csjd_pac_w64 at 1.30 (1.29-1.31) x SJD-PAC: met in the selection run
+    weaker = rows[rows["decoder"] == "csjd_pac_w64"].assign(decoder="csjd_gumbel_w64")
+    for column in ("step_compression", "vs_sjd_official", "vs_sjd_pac_official_w64"):
+        for end in ("", "_lo", "_hi"):
+            weaker[f"{column}{end}"] *= 0.9
+    configs = json.loads(rows["decoder_configs"].iloc[0]) | {"csjd_gumbel_w64": settings("csjd_gumbel_w64", 64)}
+    lossless = json.loads(rows["decoder_lossless"].iloc[0]) | {"csjd_gumbel_w64": True}
+    rows = pd.concat([rows, weaker], ignore_index=True).assign(
+        decoder_configs=json.dumps(configs), decoder_lossless=json.dumps(lossless)
+    )
+    assert GOAL.confirming == "beyond_sjd_pac_confirm"
+    confirm_command = "python run.py experiment=beyond_sjd_pac_confirm"
+    commands = [COMMAND, confirm_command]
+    text = "\n".join(goal_section(rows, commands, pd.read_csv(PUBLISHED), GOAL))
+    assert "the 1.25x target is met (the interval lies above it)" in text
+    assert "It was picked among 2 candidates by its point estimate, so the met is pending a confirming run" in text
+    again = run_rows(run_dir="c1", spread=0.05).assign(command=confirm_command, experiment="beyond_sjd_pac_confirm")
+    again = again[again["decoder"].isin(["ar", "sjd_official", "scd_official_w64", "sjd_pac_official_w64",
+                                          "csjd_pac_w64"])].copy()  # fmt: skip
+    pick = again["decoder"] == "csjd_pac_w64"
+    again.loc[pick, ["vs_sjd_pac_official_w64", "vs_sjd_pac_official_w64_lo", "vs_sjd_pac_official_w64_hi"]] = [
+        1.10, 1.05, 1.15
+    ]  # fmt: skip
+    text = "\n".join(goal_section(pd.concat([rows, again], ignore_index=True), commands, pd.read_csv(PUBLISHED), GOAL))
+    assert (
+        "It was picked among 2 candidates by its point estimate; in the confirming run of it alone beside the "
+        "references on fresh prompts and seeds (`experiment=beyond_sjd_pac_confirm`) it is at 1.10 (1.05-1.15), "
+        "and the target is missed (the interval lies below it)."
+    ) in text
+    assert text.count("### ") == 1  # the confirming run is read as a confirmation, not as a run of its own
