@@ -320,9 +320,10 @@ def goal(
     if candidates.empty:
         return {"model": model, "decoder": None}
     best = candidates.loc[candidates["step_compression"].idxmax()]
+    # latency_units: the timed batches behind a latency interval (without it the sentence cannot show one)
     keys = ("model", "entropy_nats", "decoder", "schedule", "window", "step_compression", "vs_official_sjd",
             "vs_harness_sjd", "latency_speedup", "efficiency", "audit_p", "tf_p", "tf_n_tokens",
-            "tf_tokens_needed")  # fmt: skip
+            "tf_tokens_needed", "latency_units")  # fmt: skip
     return {k: best[k] for k in (*keys, *INTERVAL_COLUMNS)} | {"audited": not audited.empty}
 
 
