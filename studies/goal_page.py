@@ -29,6 +29,7 @@ the same prompts and seeds. Per run:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -182,7 +183,7 @@ def any_window_lines(candidates: pd.DataFrame, goal: Goal, confirmations: tuple[
             f"{selection_caveat(verdict, len(counted), best, column, target, confirmations)}"]  # fmt: skip
 
 
-def confirming_row(best: pd.Series, confirmations: list[pd.DataFrame]) -> pd.Series | None:
+def confirming_row(best: pd.Series, confirmations: Sequence[pd.DataFrame]) -> pd.Series | None:
     """The chosen candidate's row in the latest confirming run on its model (fresh prompts and seeds), if any."""
     confirmed = [c[c["decoder"] == best["decoder"]] for c in confirmations if best["model"] in set(c["model"])]
     confirmed = [c.iloc[0] for c in confirmed if len(c)]
@@ -192,17 +193,17 @@ def confirming_row(best: pd.Series, confirmations: list[pd.DataFrame]) -> pd.Ser
 def selection_caveat(
     verdict: str,
     candidates: int,
-    best: pd.Series | None = None,
-    column: str = "",
-    target: float = np.nan,
-    confirmations: tuple[pd.DataFrame, ...] = (),
+    best: pd.Series,
+    column: str,
+    target: float,
+    confirmations: Sequence[pd.DataFrame],
 ) -> str:
     """A met of the best of several candidates, picked by its point estimate, is pending: its own interval is too
     generous for the winner of a selection, so a confirming run on fresh seeds and prompts has to decide it; where
     one has run (`confirmations`: the goal's `confirming` experiment), its interval is the verdict."""
     if not verdict.startswith("met") or candidates < 2:
         return ""
-    again = confirming_row(best, list(confirmations)) if best is not None else None
+    again = confirming_row(best, confirmations)
     if again is None:
         return (f" It was picked among {candidates} candidates by its point estimate, so the met is pending a "
                 "confirming run of it alone beside the references on fresh prompts and seeds.")  # fmt: skip
