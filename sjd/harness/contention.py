@@ -7,7 +7,7 @@ time (time.process_time, every thread of this process) against the wall time bet
 The rule (`contended`): latencies are unreliable when either
 - other work outnumbered the cores this run may use (os.sched_getaffinity, else os.cpu_count):
   the load before decoding, or the load after it less the cores this run kept busy (its CPU time
-  over wall time), exceeds those cores; or
+  over wall time), exceeds those cores (not counted for a pinned run the sampler below watched: see there); or
 - on a CPU device, the process ran less than MIN_CPU_PER_WALL of the wall time on a core: its
   threads waited for one. (A GPU run's CPU thread may sleep on the device, so there only the load counts.)
 
@@ -17,6 +17,11 @@ busy CPU time of the cores this process may use (/proc/stat) and this process's 
 and keeps *other work* in cores, (busy - own) / wall, per interval. `others_verdict` marks the latencies unreliable when
 other work averaged more than OTHERS_LIMIT cores over the decode, or over any window of WINDOW_S seconds
 or more. Where /proc/stat cannot be read (not Linux), only the two readings count.
+
+A run pinned to some of the machine's cores (taskset, a cluster's cgroup) is judged by the sampler alone where
+it took samples: the load average counts runnable threads on every core, so a neighbour pinned to another core
+would mark it contended though nothing ran on its own. What the sampler cannot see, a neighbour's share of
+memory bandwidth and the last-level cache, slows AR and the decoders of one run alike, since they alternate.
 
 A contended run slows AR's many one-token forwards far more than a parallel decoder's few wide
 ones, which inflates the latency speedup; step compression and forward counts are unaffected.
@@ -37,8 +42,8 @@ MIN_CPU_PER_WALL = 0.5
 OTHERS_LIMIT = 0.5  # cores of other work, on average over the decode or over any WINDOW_S window
 WINDOW_S = 10.0
 SAMPLE_INTERVAL_S = 1.0
-LOAD_COLUMNS = ("load_1min_start", "load_1min_end", "usable_cores", "cpu_per_wall", "latency_reliable",
-                "others_cores_mean", "others_cores_peak", "load_samples")  # fmt: skip
+LOAD_COLUMNS = ("load_1min_start", "load_1min_end", "usable_cores", "machine_cores", "cpu_per_wall",
+                "latency_reliable", "others_cores_mean", "others_cores_peak", "load_samples")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -61,10 +66,18 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def contended(load_start: float, load_end: float, cores: int, cpu_per_wall: float, on_cpu: bool) -> bool:
-    """The rule of the module docstring. An unknown load (NaN) does not count as contention."""
+def machine_cores() -> int:
+    """The cores of the whole machine, whichever this process may use."""
+    return os.cpu_count() or 1
+
+
+def contended(
+    load_start: float, load_end: float, cores: int, cpu_per_wall: float, on_cpu: bool, count_load: bool = True
+) -> bool:
+    """The rule of the module docstring. An unknown load (NaN) does not count as contention; `count_load` false
+    (a pinned run its sampler watched) leaves the machine-wide load average out."""
     others_after = load_end - cpu_per_wall  # the load average counts this run's own busy threads too
-    overloaded = load_start > cores or others_after > cores
+    overloaded = count_load and (load_start > cores or others_after > cores)
     starved = on_cpu and cpu_per_wall < MIN_CPU_PER_WALL
     return bool(overloaded or starved)
 
@@ -75,21 +88,26 @@ def assess(
     device: str,
     cores: int | None = None,
     samples: list[tuple[float, float]] | None = None,
+    machine: int | None = None,
 ) -> dict[str, float | int | bool]:
     """The LOAD_COLUMNS of a decode that ran between the readings `start` and `end`, with a LoadSampler's
-    `samples` taken meanwhile."""
+    `samples` taken meanwhile, on `cores` of the `machine`'s cores."""
     cores = usable_cores() if cores is None else cores
+    machine = machine_cores() if machine is None else machine
     wall = end.wall_s - start.wall_s
     cpu_per_wall = (end.cpu_s - start.cpu_s) / wall if wall > 0 else float("nan")
     on_cpu = str(device).startswith("cpu")
     others = others_verdict(samples or [])
+    pinned_and_watched = cores < machine and bool(samples)
     reliable = not (
-        contended(start.load_1min, end.load_1min, cores, cpu_per_wall, on_cpu) or others.pop("others_contended")
+        contended(start.load_1min, end.load_1min, cores, cpu_per_wall, on_cpu, count_load=not pinned_and_watched)
+        or others.pop("others_contended")
     )
     return {
         "load_1min_start": start.load_1min,
         "load_1min_end": end.load_1min,
         "usable_cores": cores,
+        "machine_cores": machine,
         "cpu_per_wall": cpu_per_wall,
         "latency_reliable": reliable,
         **others,

@@ -9,7 +9,9 @@ from sjd.harness.contention import Reading
 
 
 def assess(load_start: float, load_end: float, cpu_s: float, device: str = "cpu", cores: int = 4) -> dict:
-    return contention.assess(Reading(load_start, 100.0, 5.0), Reading(load_end, 110.0, 5.0 + cpu_s), device, cores)
+    """Readings of a run free to use all of a `cores`-core machine (not pinned), with no sampler."""
+    start, end = Reading(load_start, 100.0, 5.0), Reading(load_end, 110.0, 5.0 + cpu_s)
+    return contention.assess(start, end, device, cores, machine=cores)
 
 
 def test_a_quiet_machine_keeps_its_latencies():
@@ -77,13 +79,28 @@ def sampled(others_cores: list[float]) -> list[tuple[float, float]]:
 )
 def test_other_work_sampled_during_the_decode_decides_on_both_sides_of_the_limit(others, reliable, why):
     samples = sampled(others)
-    load = contention.assess(Reading(0.3, 100.0, 5.0), Reading(1.2, 110.0, 15.0), "cpu", 2, samples)
+    load = contention.assess(Reading(0.3, 100.0, 5.0), Reading(1.2, 110.0, 15.0), "cpu", 2, samples, machine=2)
     assert load["latency_reliable"] is reliable, why
     assert load["load_samples"] == len(others)
     assert load["others_cores_mean"] == pytest.approx(sum(others) / len(others))
     assert load["others_cores_peak"] >= load["others_cores_mean"]
     if not reliable:
         assert "other work" in contention.warning(load)
+
+
+def test_a_pinned_run_is_judged_by_its_own_cores_where_the_sampler_watched_them():
+    """Two lanes on a 2-core machine, each pinned to one core: the machine-wide load (2 before, 3 after) counts the
+    neighbour, which never ran on this run's core. The sampler, which reads this core alone, decides; without
+    samples, or on a run free to use every core, the load still counts."""
+    start, end = Reading(2.0, 100.0, 5.0), Reading(3.0, 110.0, 14.5)  # 0.95 of a core of its own
+    quiet_core = sampled([0.05] * 70)
+    pinned = contention.assess(start, end, "cpu", cores=1, samples=quiet_core, machine=2)
+    assert pinned["latency_reliable"] and pinned["machine_cores"] == 2 and pinned["usable_cores"] == 1
+    assert not contention.assess(start, end, "cpu", cores=1, samples=sampled([0.1] * 30 + [0.9] * 40), machine=2)[
+        "latency_reliable"
+    ], "other work on the pinned core itself still counts"
+    assert not contention.assess(start, end, "cpu", cores=1, samples=None, machine=2)["latency_reliable"]
+    assert not contention.assess(start, end, "cpu", cores=1, samples=quiet_core, machine=1)["latency_reliable"]
 
 
 def test_the_sampler_takes_real_readings_while_work_runs():
