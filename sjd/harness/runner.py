@@ -117,8 +117,9 @@ def scores_images(cfg: DictConfig) -> bool:
 
 
 def config_fingerprint(cfg: DictConfig) -> str:
-    """What decides a run's samples: model, decoders, prompts, sampling, seed. Not the batch size:
-    a prompt's tokens do not depend on its batch, so a run may resume with a smaller one."""
+    """What decides a run's samples: model, decoders, prompts, sampling, seed. Not the batch size: a prompt's
+    samples follow one distribution at any batch size (its tokens too, up to float rounding of batched kernels:
+    docs/design.md §3), so a run may resume with a smaller one."""
     keys = ("model", "decoder", "baseline", "extra_decoders", "prompts", "seed")
     picked = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg.get(k)) else cfg.get(k)
               for k in keys}  # fmt: skip

@@ -1,11 +1,11 @@
 """A transformers `DynamicCache` whose batch rows may hold different generated lengths.
 
 Speculative decoders commit a different number of tokens per sample. To keep every sample's
-trajectory exactly what it would be alone (and so independent of batch composition), each row
-keeps its own length. The cache tensor stays rectangular: a forward appends W slots to every
-row, and slots a row has dropped become holes that its attention mask hides. Trailing slots
-that no row uses are cropped for real. With one row, or rows in step, there are never holes
-and the forward runs with transformers' own causal mask (the fast path).
+trajectory what it would be alone (and so independent of batch composition, up to float rounding of
+batched kernels: docs/design.md §3), each row keeps its own length. The cache tensor stays
+rectangular: a forward appends W slots to every row, and slots a row has dropped become holes that
+its attention mask hides. Trailing slots that no row uses are cropped for real. With one row, or rows
+in step, there are never holes and the forward runs with transformers' own causal mask (the fast path).
 
 Bookkeeping lives on the host: each slot's absolute position per row, -1 for a hole.
 """
