@@ -26,13 +26,12 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from sjd.core.sampling import SamplingConfig
+from sjd.core.seeding import make_generators
+from sjd.harness.decoder_configs import decoder_config
+from sjd.harness.prompts import load_prompt_file
 
-from sjd.core.sampling import SamplingConfig  # noqa: E402
-from sjd.core.seeding import make_generators  # noqa: E402
-from sjd.harness.decoder_configs import decoder_config  # noqa: E402
-from sjd.harness.prompts import load_prompt_file  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def compare(model: str, decoder: str, n_prompts: int, seed: int, float64: bool) -> list[dict]:

@@ -8,6 +8,7 @@ batching itself (docs/design.md §3).
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +16,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import batch_invariance  # noqa: E402
+SPEC = importlib.util.spec_from_file_location("batch_invariance", ROOT / "scripts" / "batch_invariance.py")
+batch_invariance = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(batch_invariance)  # the script as a module, without putting scripts/ on sys.path
 
 
 def script(*args: str) -> subprocess.CompletedProcess:
