@@ -1,4 +1,4 @@
-"""`scripts/batch_invariance.py`: a prompt's tokens alone and in a batch, as a user runs it.
+"""`scripts/batch_invariance.py` (sjd/bench/batch_invariance.py): a prompt's tokens alone and in a batch.
 
 Bitwise equality at the model's own precision is asserted only on the toy (the decoder contract does the same
 for every decoder on the tiny models); at a stand-in's size float32 rounding of batched kernels may part the two
@@ -8,17 +8,15 @@ batching itself (docs/design.md §3).
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from sjd.bench import batch_invariance
+
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = importlib.util.spec_from_file_location("batch_invariance", ROOT / "scripts" / "batch_invariance.py")
-batch_invariance = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(batch_invariance)  # the script as a module, without putting scripts/ on sys.path
 
 
 def script(*args: str) -> subprocess.CompletedProcess:
