@@ -3,9 +3,10 @@
 `python scripts/batch_invariance.py MODEL DECODER [--prompts 4] [--seed 0] [--float64] [--check]`).
 
 MODEL and DECODER name a config of conf/model and of conf/decoder (the model's sampling settings,
-the decoder's own config). The first `--prompts` prompts of the model's prompt set (`toy` for the toy models,
-`standin` otherwise) are decoded together, then each alone, with the seeds a run gives them; each line says
-whether the two agree and, where not, the first token where they part and the forwards each took.
+the decoder's own config). The first `--prompts` prompts of the model's prompt set (`standin` for the
+stand-ins, `toy` otherwise, as the bookkeeping bench takes them) are decoded together, then each alone, with
+the seeds a run gives them; each line says whether the two agree and, where not, the first token where they
+part and the forwards each took.
 
 Every row keeps its own cache length and its own generator (docs/design.md §3), so in exact arithmetic a row's
 trajectory does not depend on its batch; the decoder tests hold that bitwise on the tiny models. A batched
@@ -24,11 +25,10 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from sjd.bench.bookkeeping import CONF, model_config
+from sjd.bench.bookkeeping import model_config, prompt_batches
 from sjd.core.sampling import SamplingConfig
-from sjd.core.seeding import make_generators
+from sjd.core.seeding import sample_generators
 from sjd.harness.decoder_configs import decoder_config
-from sjd.harness.prompts import load_prompt_file
 
 
 def compare(model: str, decoder: str, n_prompts: int, seed: int, float64: bool) -> list[dict]:
@@ -43,11 +43,10 @@ def compare(model: str, decoder: str, n_prompts: int, seed: int, float64: bool) 
     dec = instantiate(resolved.decoder)
     dec.check(adapter)
     sampling = SamplingConfig(**OmegaConf.to_container(resolved.model.sampling))
-    prompt_set = "toy" if model.startswith("toy") else "standin"
-    prompts = load_prompt_file(OmegaConf.load(CONF / "prompts" / f"{prompt_set}.yaml").path)[:n_prompts]
+    prompts = [p for p, _ in prompt_batches(model, 1, n_prompts)[0]]  # the bookkeeping bench's prompts, seed index 0
 
     def generators(ps):
-        return make_generators(seed, [p.prompt_id for p in ps], torch.device("cpu"))
+        return sample_generators(seed, [(p.prompt_id, 0) for p in ps], torch.device("cpu"))
 
     together = dec.generate(adapter, prompts, sampling, generators(prompts))
     out = []
