@@ -43,8 +43,8 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from real_architectures import BUILDERS, MODELS, PROMPT, sampling_for
 
+from sjd.bench.real_models import MODELS, PROMPT, build, sampling_for
 from sjd.bench.syncs import count_decode, report_row
 from sjd.core.sampling import SamplingConfig
 from sjd.core.seeding import make_generators
@@ -133,7 +133,7 @@ def decode(adapter: ModelAdapter, decoder, sampling: SamplingConfig, n: int) -> 
 
 def measure_model(name: str, args, device: torch.device, dtype: torch.dtype, rows: list[dict]) -> None:
     """Append the model's decode and forward rows to `rows` as they are measured (a failure keeps the earlier ones)."""
-    built = BUILDERS[name](args.tiny, device, dtype)
+    built = build(name, args.tiny, device, dtype)
     adapter, layout = built.adapter, built.adapter.layout
     base = {"model": name, "params_b": round(built.params / 1e9, 3), "layout_tokens": layout.n_tokens}
     note = "; ".join(x for x in [built.note, "random weights" + (", tiny widths" if args.tiny else "")] if x)

@@ -5,7 +5,7 @@
 
 A study of memory and shapes, not of speed or acceptance (random weights accept nothing meaningful). For each
 model, in a child process of its own so that its peak memory is its own:
-- build the real configuration in the dtype (bfloat16) with random weights (scripts/real_architectures.py:
+- build the real configuration in the dtype (bfloat16) with random weights (sjd/models/real_architectures.py:
   Lumina-mGPT 7B at 768 px, Janus-Pro 7B, Emu3-Gen 8B; Anole 7B and LlamaGen-XL on request);
 - decode one prompt, batch 1 with its CFG row, with SJD as conf/decoder/sjd.yaml ships it and the model's own
   sampling settings, through the real adapter on the static KV cache sized to the real layout: the prefill,
@@ -34,8 +34,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 from omegaconf import OmegaConf
-from real_architectures import BUILDERS, MODELS, PROMPT, ROOT, sampling_for
 
+from sjd.bench.real_models import MODELS, PROMPT, ROOT, build, sampling_for
 from sjd.core.seeding import make_generators
 from sjd.decoders.sjd import SJDDecoder
 from sjd.harness.provenance import git_hash
@@ -122,7 +122,7 @@ def measure(name: str, tiny: bool, windows: int) -> dict:
     torch.manual_seed(0)
     dtype = torch.bfloat16
     started = time.perf_counter()
-    built = BUILDERS[name](tiny, torch.device("cpu"), dtype)
+    built = build(name, tiny, torch.device("cpu"), dtype)
     adapter = built.adapter
     adapter.use_cache("static")
     modules = [m for m in vars(adapter).values() if isinstance(m, torch.nn.Module)]

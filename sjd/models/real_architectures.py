@@ -1,11 +1,14 @@
-"""Every real architecture at its real size with random weights, built through our adapters (for
-scripts/gpu_smoke.py and scripts/real_size.py; not a script of its own).
+"""Every real architecture at its real size with random weights, built through our adapters.
 
 Each builder makes the real configuration (Lumina-mGPT 7B and Anole 7B = Chameleon-7B, Emu3-Gen 8B, Janus-Pro 7B,
 LlamaGen-XL 775M) directly on the device in the run dtype with transformers' (or our GPT's) random init, so
 nothing is downloaded and building takes seconds. The prompt encoders are offline character tokenizers, the
-vocabulary maps carry the real token counts and the layouts are the real ones. `tiny=True` keeps the vocabularies
-and layouts and shrinks the widths and depths.
+vocabulary maps carry the real token counts, and the layouts follow `resolution` (the model config's
+`adapter.resolution`, which the caller reads). `tiny=True` keeps the vocabularies and layouts and shrinks the widths
+and depths; `layers` keeps the real widths and cuts the depth (a shadow's or a check's shorter compile).
+
+The GPU check (sjd.bench.gpu_check), the real-size bench (sjd.bench.real_models) and the shadow forwards
+(sjd.harness.shadow) build through these.
 """
 
 from __future__ import annotations
@@ -13,16 +16,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
-from sjd.core.sampling import SamplingConfig
 from sjd.models.base import ModelAdapter
 from sjd.types import Prompt
-
-ROOT = Path(__file__).resolve().parents[1]
 
 MODELS = ("lumina", "anole", "emu3", "janus", "llamagen")
 PROMPT = Prompt("smoke", "a red fox sitting in fresh snow at dawn, soft light, highly detailed")
@@ -71,13 +69,16 @@ def chameleon_vocab_map() -> dict[str, int]:
     return vmap
 
 
-def build_chameleon(kind: str, tiny: bool, device: torch.device, dtype: torch.dtype) -> Built:
+def build_chameleon(
+    kind: str, tiny: bool, device: torch.device, dtype: torch.dtype, resolution: int, layers: int | None = None
+) -> Built:
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     from sjd.models.anole import AnoleAdapter
     from sjd.models.lumina import LuminaAdapter
 
     sizes = dict(TINY, num_key_value_heads=4) if tiny else {}  # Chameleon-7B: ChameleonConfig's defaults
+    sizes |= {"num_hidden_layers": layers} if layers else {}
     vq = dict(embed_dim=8, latent_channels=8, base_channels=32, channel_multiplier=[1, 2], num_res_blocks=1)
     config = ChameleonConfig(
         vocab_size=65536, vocabulary_map=chameleon_vocab_map(), bos_token_id=0, pad_token_id=1, eos_token_id=2,
@@ -85,7 +86,6 @@ def build_chameleon(kind: str, tiny: bool, device: torch.device, dtype: torch.dt
     )  # fmt: skip
     with building(device, dtype):
         model = ChameleonForConditionalGeneration(config).eval()
-    resolution = int(model_conf(kind).adapter.resolution)
     encode = char_encoder(20000)
     if kind == "lumina":
         grids = resolution // 32
@@ -96,7 +96,9 @@ def build_chameleon(kind: str, tiny: bool, device: torch.device, dtype: torch.dt
     return Built(adapter, counted(model, ("model.vqmodel.",)))
 
 
-def build_emu3(tiny: bool, device: torch.device, dtype: torch.dtype) -> Built:
+def build_emu3(
+    tiny: bool, device: torch.device, dtype: torch.dtype, resolution: int, layers: int | None = None
+) -> Built:
     from transformers import Emu3Config, Emu3ForConditionalGeneration
 
     from sjd.models.emu3 import Emu3Adapter
@@ -107,15 +109,22 @@ def build_emu3(tiny: bool, device: torch.device, dtype: torch.dtype) -> Built:
     vmap |= {f"<|visual token {i:06d}|>": 151854 + i for i in range(32768)}
     vq = dict(codebook_size=32768, embed_dim=4, latent_channels=4, base_channels=32, channel_multiplier=[1, 2],
               num_res_blocks=1, attn_resolutions=[], hidden_size=64, num_attention_heads=1)  # fmt: skip
-    config = Emu3Config(vocabulary_map=vmap, text_config=TINY if tiny else None, vq_config=vq if tiny else None)
+    text = dict(TINY) if tiny else {}
+    text |= {"num_hidden_layers": layers} if layers else {}
+    config = Emu3Config(vocabulary_map=vmap, text_config=text or None, vq_config=vq if tiny else None)
     with building(device, dtype):
         model = Emu3ForConditionalGeneration(config).eval()
-    side = int(model_conf("emu3").adapter.resolution) // 8  # 720 px / 8 = 90 codes
+    side = resolution // 8  # 720 px / 8 = 90 codes
     adapter = Emu3Adapter.from_model(model, char_encoder(1000), side, side, device=str(device))
     return Built(adapter, counted(model, ("model.vqmodel.",)))
 
 
-def build_janus(tiny: bool, device: torch.device, dtype: torch.dtype) -> Built:
+def build_janus(
+    tiny: bool, device: torch.device, dtype: torch.dtype, resolution: int = 384, layers: int | None = None
+) -> Built:
+    """Janus-Pro generates 384 px images only (24 x 24 codes): `resolution` must be 384."""
+    if resolution != 384:
+        raise ValueError(f"Janus-Pro generates 384 px images, got resolution={resolution}")
     from transformers import GenerationConfig, JanusConfig, JanusForConditionalGeneration
 
     from sjd.models.janus import JanusAdapter
@@ -133,6 +142,7 @@ def build_janus(tiny: bool, device: torch.device, dtype: torch.dtype) -> Built:
                      num_key_value_heads=32, max_position_embeddings=16384)  # fmt: skip
         vision = dict(projection_dim=4096)
         vq = dict(projection_dim=4096, image_token_embed_dim=4096)
+    text |= {"num_hidden_layers": layers} if layers else {}
     config = JanusConfig(
         text_config=text, vision_config=dict(vision, num_image_tokens=576), vq_config=dict(vq, num_patches=24)
     )
@@ -152,7 +162,9 @@ def build_janus(tiny: bool, device: torch.device, dtype: torch.dtype) -> Built:
     return Built(adapter, counted(model, skip))
 
 
-def build_llamagen(tiny: bool, device: torch.device, dtype: torch.dtype) -> Built:
+def build_llamagen(
+    tiny: bool, device: torch.device, dtype: torch.dtype, resolution: int, layers: int | None = None
+) -> Built:
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import JanusVQVAE, PreTrainedTokenizerFast, T5Config, T5EncoderModel
 
@@ -160,16 +172,17 @@ def build_llamagen(tiny: bool, device: torch.device, dtype: torch.dtype) -> Buil
     from sjd.models.nets.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
     from sjd.models.nets.llamagen_vq import vq_config
 
-    grid = int(model_conf("llamagen").adapter.resolution) // 16
+    grid = resolution // 16
+    depth = {"n_layer": layers} if layers else {}
     if tiny:
         gpt_cfg = LlamaGenConfig.build(
-            dict(dim=64, n_layer=2, n_head=4, multiple_of=32, caption_dim=32), grid_size=grid
+            dict(dim=64, n_layer=2, n_head=4, multiple_of=32, caption_dim=32), grid_size=grid, **depth
         )
         vq_cfg = vq_config(
             dict(base_channels=32, channel_multiplier=[1, 2], num_res_blocks=1, latent_channels=32), grid
         )
     else:
-        gpt_cfg = LlamaGenConfig.build("GPT-XL", grid_size=grid)
+        gpt_cfg = LlamaGenConfig.build("GPT-XL", grid_size=grid, **depth)
         vq_cfg = vq_config("VQ-16", grid)
     words = sorted(set(PROMPT.text.lower().split()))
     backend = Tokenizer(models.WordLevel({"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: 3 + i for i, w in enumerate(words)}},
@@ -190,19 +203,11 @@ def build_llamagen(tiny: bool, device: torch.device, dtype: torch.dtype) -> Buil
     return Built(adapter, counted(gpt, ()), note="T5 encoder: tiny random stand-in (only the GPT is timed)")
 
 
-BUILDERS: dict[str, Callable[[bool, torch.device, torch.dtype], Built]] = {
+# name -> builder(tiny, device, dtype, resolution, layers=None)
+BUILDERS: dict[str, Callable[..., Built]] = {
     "lumina": lambda *a: build_chameleon("lumina", *a),
     "anole": lambda *a: build_chameleon("anole", *a),
     "emu3": build_emu3,
     "janus": build_janus,
     "llamagen": build_llamagen,
 }
-
-
-def model_conf(name: str):
-    return OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml")
-
-
-def sampling_for(name: str) -> SamplingConfig:
-    s = model_conf(name).sampling
-    return SamplingConfig(cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
