@@ -53,6 +53,14 @@ class ImageLayout:
             "free_columns", device, lambda: _contiguous_span(self.free_token_ids) or self.free_token_ids.to(device)
         )
 
+    def free_ids(self, device: torch.device) -> torch.Tensor:
+        """`free_token_ids` on `device`, copied there once per device (not once per call)."""
+        return self._cached("free_ids", device, lambda: self.free_token_ids.to(device))
+
+    def forced_on(self, device: torch.device) -> torch.Tensor:
+        """`forced` [n_tokens] on `device`, copied there once per device."""
+        return self._cached("forced_on", device, lambda: self.forced.to(device))
+
     def forced_table(self, device: torch.device) -> torch.Tensor:
         """[n_tokens + 1] long: the forced id at each position, -1 where free and for the padding row."""
 

@@ -12,10 +12,12 @@ kernel launch. Here everything runs on the CPU, so `SyncCounter` (a torch functi
   hands on a copy to mark, never the host tensor itself), and every output of an operator with a device
   tensor among its inputs. A tensor built on the host (`torch.tensor(list)` without a device) is a host
   tensor, and reading it stalls nothing.
-- a sync: one of SYNC_FUNCTIONS on a device tensor, `.to("cpu")` of one, or indexing one with a boolean
-  mask. Each is counted where it happens: in the model forward (the adapter's own methods), in the logits
-  pipeline (sjd.core.sampling.logits_to_probs), or in the decoder, with the innermost sjd/ line that asked
-  for it.
+- a sync: one of SYNC_FUNCTIONS on a device tensor, `.to("cpu")` of one, indexing one with a boolean
+  mask, or a copy of host data to the device (`host_to_device`: `torch.tensor(list, device=...)`,
+  `host.to(device)`, a host index or value used on a device tensor), which from pageable host memory blocks the
+  host until the stream reaches it. Each is counted where it happens: in the model forward (the adapter's own
+  methods), in the logits pipeline (sjd.core.sampling.logits_to_probs), or in the decoder, with the innermost
+  sjd/ line that asked for it.
 - an operator call outside the forward: any torch function producing a device tensor while no adapter
   method runs: a kernel launch on a GPU, before any compile fuses them.
 - with `graphs_of` (count_decode; what compile=true launches): each call of a decoder's iteration kernels
@@ -24,7 +26,10 @@ kernel launch. Here everything runs on the CPU, so `SyncCounter` (a torch functi
   it. The kernels run eager here; that each is one graph is what tests/decoders/test_kernels.py holds
   (fullgraph compiles).
 
-Iterations are the decode loop's forwards (the prefill excluded). `scripts/count_syncs.py` prints the report
+Iterations are the decode loop's forwards (the prefill excluded). What the forward clock does once a decode (the
+prefill and the first token before the loop, the finished result after it: `ForwardClock.start` and `finish`) is
+counted apart, as `once` (`syncs_once_per_decode`), and not per iteration; so are a layout's tables, copied to the
+device once per process. `scripts/count_syncs.py` prints the report
 for every decoder; it asserts nothing, and only counts (times nothing).
 """
 
@@ -52,8 +57,19 @@ SYNC_FUNCTIONS = {
     torch.equal, torch.allclose, torch.Tensor.allclose, torch.unique, torch.Tensor.unique, torch.masked_select,
     torch.Tensor.masked_select, torch.Tensor.repeat_interleave, torch.repeat_interleave, torch.argwhere,
 }  # fmt: skip
+FROM_HOST_DATA = {torch.tensor, torch.as_tensor, torch.asarray}  # with device=: a copy of host data
+COPY = "host-to-device copy"  # a sync site's name for a copy of host data to the device
 ADAPTER_METHODS = ("prefill", "forward", "forward_at", "forward_embeds", "truncate", "keep_slots", "head")
 PIPELINE = ("sampling.py", "logits_to_probs")
+# Work done once a decode, not a step: ForwardClock's start (prefill, first token) and finish (the result), AR's
+# entropy and a window decoder's per-row counts read after it, and a layout's tables, copied to the device once per
+# process (sjd.types.ImageLayout).
+ONCE_A_DECODE = (
+    ("decoders/base.py", ("start", "finish")),
+    ("decoders/ar.py", ("mean_entropy",)),
+    ("decoders/window_state.py", ("finish",)),
+    ("sjd/types.py", ("_cached", "allowed_table")),
+)
 SJD_ROOT = Path(__file__).resolve().parents[1]
 MARK = "_would_be_on_device"
 
@@ -67,6 +83,7 @@ class Counts:
     forwards: int = 0
     ops_in_forward: int = 0  # operator calls inside the adapter's forward (the model's own kernels, eager)
     ops_in_layers: int = 0  # of those, inside the decoder layers (`layer_hooks`)
+    copies_to_device: int = 0  # of the syncs, copies of host data to the device (wherever they happen)
 
 
 class SyncCounter(TorchFunctionMode):
@@ -95,6 +112,9 @@ class SyncCounter(TorchFunctionMode):
         to_host = func is torch.Tensor.to and _target(args, kwargs) == "cpu"  # a copy to the host
         if on_device and (func in SYNC_FUNCTIONS or _boolean_index(func, args) or to_host):
             self.counts.syncs[self.site(func)] += 1
+        if self.host_to_device(func, args, kwargs, on_device):
+            self.counts.syncs[self.site(func, COPY)] += 1
+            self.counts.copies_to_device += 1
         out = func(*args, **kwargs)
         made_here = kwargs.get("device") is not None or (func in (torch.Tensor.to,) and _to_a_device(args, kwargs))
         if made_here and not on_device and out is args[0]:
@@ -112,7 +132,36 @@ class SyncCounter(TorchFunctionMode):
                 self.counts.ops_in_layers += bool(self.in_layer)
         return out
 
-    def site(self, func) -> tuple[str, str]:
+    def host_to_device(self, func, args, kwargs, on_device: bool) -> bool:
+        """Whether `func` copies host data to the device: on a GPU a copy from pageable host memory, which blocks
+        the host until the stream reaches it (a sync). A device tensor made from a Python list or a host tensor
+        (`torch.tensor(list, device=...)`, `host.to(device)`, `device.copy_(host)`), a device tensor indexed with a
+        host index tensor or list, and a host tensor or list written into a device tensor by index."""
+        if func is torch.Tensor.new_tensor:  # on the device of the tensor it is called on
+            to_device = self.is_device(args[0]) or kwargs.get("device") is not None
+            return to_device and not self.is_device(args[1] if len(args) > 1 else kwargs.get("data"))
+        if func in FROM_HOST_DATA:
+            data = args[0] if args else kwargs.get("data")
+            return kwargs.get("device") is not None and not self.is_device(data)
+        if func is torch.Tensor.to:  # a non-blocking copy is from pinned memory (sjd.core.staging): no sync
+            blocking = not kwargs.get("non_blocking", False)
+            return blocking and _to_a_device(args, kwargs) and not self.is_device(args[0])
+        if func is torch.Tensor.copy_:
+            return self.is_device(args[0]) and isinstance(args[1], torch.Tensor) and not self.is_device(args[1])
+        if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and on_device and self.is_device(args[0]):
+            index = args[1] if isinstance(args[1], tuple) else (args[1],)
+            value = args[2:3] if func is torch.Tensor.__setitem__ else ()
+            return any(self._host_data(i) for i in (*index, *value))
+        return False
+
+    def _host_data(self, x) -> bool:
+        """A host tensor of more than one element, or a Python list (an index or a value that must be copied over;
+        a Python number or a 0-d host tensor rides in the kernel's arguments)."""
+        if isinstance(x, torch.Tensor):
+            return not self.is_device(x) and x.dim() > 0
+        return isinstance(x, list)
+
+    def site(self, func, what: str | None = None) -> tuple[str, str]:
         """(where, `file:line function`) of the innermost sjd/ frame that asked for a sync."""
         if self.in_forward:
             where = "forward"
@@ -122,8 +171,10 @@ class SyncCounter(TorchFunctionMode):
         frames = [f for f in frames if not f.filename.endswith("syncs.py")]
         if any(f.filename.endswith(PIPELINE[0]) and f.name == PIPELINE[1] for f in frames) and not self.in_forward:
             where = "pipeline"
+        if any(f.filename.endswith(file) and f.name in names for f in frames for file, names in ONCE_A_DECODE):
+            where = "once"  # the prefill and the first token, or the finished result: once a decode, not a step
         top = frames[-1] if frames else None
-        name = getattr(func, "__name__", str(func))
+        name = what or getattr(func, "__name__", str(func))
         at = f"{Path(top.filename).relative_to(SJD_ROOT.parent)}:{top.lineno} {top.name}" if top else "?"
         return where, f"{name} at {at}"
 
@@ -303,6 +354,12 @@ def report_row(counts: list[Counts]) -> dict:
         "forward_syncs_per_iter": by_where["forward"] / iterations,
         "ops_outside_forward_per_iter": sum(c.ops_outside_forward for c in counts) / iterations,
         "decoder_sync_sites": "; ".join(f"{s} x{n / iterations:.2f}" for s, n in sites.most_common(4)),
+        "syncs_per_iter": sum(n for where, n in by_where.items() if where != "once") / iterations,
+        "syncs_once_per_decode": by_where["once"] / max(1, len(counts)),
+        "copies_to_device_per_iter": sum(
+            n for c in counts for (where, site), n in c.syncs.items() if where != "once" and site.startswith(COPY)
+        )
+        / iterations,
     }
 
 

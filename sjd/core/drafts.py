@@ -53,7 +53,7 @@ def fresh_drafts(
     if scheme not in SCHEMES:
         raise ValueError(f"decoder.init must be one of {SCHEMES}, got {scheme!r}")
     device = known.device
-    free_ids = layout.free_token_ids.to(device)
+    free_ids = layout.free_ids(device)
     random_ids = free_ids[torch.randint(len(free_ids), (count,), generator=generator, device=device)]
     if scheme == "random" or count == 0:
         out = random_ids
@@ -70,7 +70,7 @@ def fresh_drafts(
         out = seq[start:]
     if not force:
         return out
-    forced = layout.forced.to(device)[start : start + count]
+    forced = layout.forced_on(device)[start : start + count]
     return torch.where(forced >= 0, forced, out)
 
 
@@ -92,7 +92,7 @@ def distribution_drafts(
     position, at or after `committed`, can have above it). `noise` [N + 1, V]: the row's Gumbel
     vectors under Gumbel coupling (the draw is argmax(log q + g_pos)); else `generator` draws."""
     device, V = known.device, layout.vocab_size
-    free_ids = layout.free_token_ids.to(device)
+    free_ids = layout.free_ids(device)
     random_ids = free_ids[torch.randint(len(free_ids), (count,), generator=generator, device=device)]
     seq = torch.cat([known[:start], torch.empty(count, dtype=torch.long, device=device)])
     q = torch.zeros(count, V, device=device)

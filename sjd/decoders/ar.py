@@ -49,8 +49,14 @@ class ARDecoder(Decoder):
             clock.lap("verify")
         result = clock.finish(tokens, [clock.calls] * B, [[1] * layout.n_tokens for _ in range(B)], measure_s)
         result.extras["window_inputs"] = [clock.calls - 1] * B  # one input a forward
-        result.entropy_nats = (entropy / max(1, sum(free))).tolist()
+        result.entropy_nats = self.mean_entropy(entropy, sum(free))
         return result
+
+    @staticmethod
+    def mean_entropy(entropy: torch.Tensor, codes: int) -> list[float]:
+        """Each row's summed entropy over its `codes` code positions, as a mean on the host: read once the decode
+        has finished and the device is idle."""
+        return (entropy / max(1, codes)).tolist()
 
     @staticmethod
     def measure(entropy: torch.Tensor, probs: torch.Tensor, free: bool, clock: ForwardClock) -> float:

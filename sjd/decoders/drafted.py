@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from sjd.core.staging import device_ints
 from sjd.decoders.coupled import CoupledSJDDecoder
 from sjd.decoders.drafter_part import DrafterPart
 from sjd.decoders.sjd import SJDDecoder
@@ -84,8 +85,8 @@ class DrafterContinuation(DrafterPart):
         run = call.drafter
         device = state.tokens.device
         N = state.tokens.shape[1]
-        committed = torch.as_tensor(state.committed, device=device)
-        previous = torch.as_tensor(state.previous, device=device)
+        committed = device_ints(state.committed, device)
+        previous = device_ints(state.previous, device)
         take = committed - previous
         A = slots.shape[1]
         offsets = torch.arange(A, device=device)
@@ -103,7 +104,7 @@ class DrafterContinuation(DrafterPart):
     def continue_drafts(self, state: WindowState, call: DraftedCall) -> None:
         """Each row's next `continuation` drafts (after its last committed token) from the drafter."""
         device = state.tokens.device
-        root = torch.as_tensor(state.committed, device=device) - 1
+        root = device_ints(state.committed, device) - 1
         drafts, q = draw_chain(call.drafter, root, self.continuation, call.generators)
         N = state.tokens.shape[1]
         for b, n in enumerate(state.committed):

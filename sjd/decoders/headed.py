@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sjd.core.staging import device_ints
 from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.sjd_pac import SJDPACDecoder
 from sjd.decoders.window import WindowCall, WindowStep
@@ -78,8 +79,8 @@ class HeadsContinuation:
         if all(n >= state.tokens.shape[1] for n in state.committed):
             return
         device = state.tokens.device
-        committed = torch.as_tensor(state.committed, device=device)
-        previous = torch.as_tensor(state.previous, device=device)
+        committed = device_ints(state.committed, device)
+        previous = device_ints(state.previous, device)
         last = (committed - previous - 1).clamp(min=0, max=step.slots.shape[1] - 1)  # the last committed token's
         slot = step.slots.gather(1, last[:, None])[:, 0]  # ... input-before slot, whose feature predicts it
         hidden = step.logits.features.hidden
@@ -95,7 +96,7 @@ class HeadsContinuation:
         and q (draw_from_heads), for drafts a subclass keeps elsewhere."""
         heads = self.load(call.adapter)
         committed = state.committed
-        predicts = torch.as_tensor(committed, device=features.device) - 1
+        predicts = device_ints(committed, features.device) - 1
         code_head = self.heads["head"] == "codes"
         positions, drafts, q = draw_from_heads(
             heads, call.adapter, call.sampling, features, predicts, call.generators, code_head

@@ -239,7 +239,7 @@ class PJDDecoder(Decoder):
 
     # -- phases --------------------------------------------------------------------------------------
     def _initial_state(self, layout: ImageLayout, first: torch.Tensor, device: torch.device) -> RowState:
-        forced = layout.forced.to(device)
+        forced = layout.forced_on(device)
         tokens = torch.where(forced >= 0, forced, 0)
         tokens[0] = first
         committed = forced >= 0

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from sjd.core.drafts import DISTRIBUTION_SCHEMES, SCHEMES, distribution_drafts, fresh_drafts, one_hot
+from sjd.core.staging import device_ints
 from sjd.core.verify import VerifyResult
 from sjd.decoders.base import WINDOW_CAPABILITY
 from sjd.decoders.window import WindowDecoder, WindowStep
@@ -81,7 +82,7 @@ class SJDDecoder(WindowDecoder):
             inputs[b, 0] = state.tokens[b, min(n, layout.n_tokens) - 1]
             inputs[b, 1 : 1 + need] = d
         step.inputs, step.drafts, step.q = inputs, drafts, q
-        step.n_drafts = torch.tensor([max(w - 1, 0) for w in widths], device=device)
+        step.n_drafts = device_ints([max(w - 1, 0) for w in widths], device)
 
     def top_up(
         self, state: WindowState, b: int, need: int, layout: ImageLayout, generator: torch.Generator
@@ -110,7 +111,7 @@ class SJDDecoder(WindowDecoder):
         call, committed = step.call, step.state.committed
         step.logits = call.clock.forward(step.inputs, [n - 1 for n in committed])
         offsets = torch.arange(step.inputs.shape[1], device=call.device)
-        step.positions = torch.as_tensor(committed, device=call.device)[:, None] + offsets
+        step.positions = device_ints(committed, call.device)[:, None] + offsets
         step.p = self.kernels.pipeline(step.logits, step.positions, call.layout, call.sampling)
 
     def verify(self, step: WindowStep) -> None:

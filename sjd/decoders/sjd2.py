@@ -111,7 +111,7 @@ class SJD2Decoder(WindowDecoder):
         levels = state.levels
         layout, device, B, W = call.layout, call.device, len(widths), max(widths)
         V, D, noise_level = layout.vocab_size, call.adapter.embed_dim, call.adapter.noise_levels - 1
-        forced = layout.forced.to(device)
+        forced = layout.forced_on(device)
         tokens = torch.zeros(B, W, dtype=torch.long, device=device)
         in_levels = torch.full((B, W), noise_level, dtype=torch.long, device=device)
         drafts = torch.zeros(B, max(W - 1, 0), dtype=torch.long, device=device)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sjd.core.sampling import sample_from
+from sjd.core.staging import device_ints, to_device
 from sjd.core.verify import (
     VerifyResult,
     accept_tests,
@@ -139,7 +140,7 @@ class SJDPACDecoder(Coupled, SJDDecoder):
         """The tree window: lead-in, chain drafts, siblings."""
         state, call = step.state, step.call
         win = self.build_window(state, state.cached, step.widths, call)
-        cached = torch.tensor(state.cached, device=call.device)
+        cached = device_ints(state.cached, call.device)
         win.keep = torch.arange(call.layout.n_tokens, device=call.device)[None, :] < cached[:, None]
         step.window, step.drafts, step.q, step.n_drafts = win, win.drafts, win.q, win.n_drafts
 
@@ -149,7 +150,7 @@ class SJDPACDecoder(Coupled, SJDDecoder):
         N = call.layout.n_tokens
         step.logits = call.clock.forward_at(win.tokens, win.positions, win.keep, win.mask, win.transient)
         predicted = torch.where(win.positions >= 0, win.positions + 1, N).clamp(max=N)
-        step.tree_p = self.kernels.pipeline(step.logits, predicted.to(call.device), call.layout, call.sampling)
+        step.tree_p = self.kernels.pipeline(step.logits, predicted, call.layout, call.sampling)
 
     def verify(self, step: TreeStep) -> None:
         """Chain tests; recursive rejection sampling over the siblings at the first rejection (`tree_tests`); then
@@ -157,15 +158,15 @@ class SJDPACDecoder(Coupled, SJDDecoder):
         win, p, call = step.window, step.tree_p, step.call
         C, device = win.drafts.shape[1], p.device
         u = draw_tree_uniforms(call.generators, win.chain_lengths, C, self.branches - 1, device)
-        sibling_slot = win.sibling_slot.to(device)
+        sibling_slot = win.sibling_slot
         n_acc, accepted, next_token, picked, sib_p, bonus, p_chain = self.kernels(tree_tests)(
-            p, win.chain_slot.to(device), win.drafts, win.q, win.n_drafts, win.has_sibling.to(device), win.siblings,
+            p, win.chain_slot, win.drafts, win.q, win.n_drafts, win.has_sibling, win.siblings,
             sibling_slot, win.sibling_q, u["accept"], u["sibling"], u["final"], u["bonus"], u["bonus_accept"],
             self.branches, self.branch_depth,
         )  # fmt: skip
         step.result = VerifyResult(n_acc, next_token, accepted)
         offsets = torch.arange(C + 1, device=device)
-        step.positions, step.p = torch.as_tensor(step.state.committed, device=device)[:, None] + offsets, p_chain
+        step.positions, step.p = device_ints(step.state.committed, device)[:, None] + offsets, p_chain
         step.samples, step.samples_q = self.next_drafts(step, u["jacobi"])
         step.verdict = TreeVerdict(step.result, p_chain, picked, sib_p, bonus, step.samples, step.samples_q)
 
@@ -269,7 +270,11 @@ class SJDPACDecoder(Coupled, SJDDecoder):
                     sibling_q[b, k, i] = sib_q[k, i]
                 slot += 1
         lengths = [len(d) for _, d, *_ in rows]
-        n_drafts = torch.tensor(lengths, device=device)
+        n_drafts = device_ints(lengths, device)
+        # The layout was built on the host; it goes over in non-blocking copies (sjd.core.staging), no sync.
+        positions, mask, transient, chain_slot, sibling_slot, has_sibling = (
+            to_device(t, device) for t in (positions, mask, transient, chain_slot, sibling_slot, has_sibling)
+        )
         return TreeWindow(
             tokens, positions, mask, transient, chain_slot, drafts, q, n_drafts, lengths, siblings, sibling_slot,
             has_sibling, sibling_q=sibling_q,
@@ -327,13 +332,13 @@ class SJDPACDecoder(Coupled, SJDDecoder):
         rejection, and after an accepted sibling, the sibling's own slot (its output gave the bonus)."""
         B, C1 = win.chain_slot.shape
         device = win.tokens.device
-        slots = torch.cat([win.chain_slot.to(device), win.chain_slot[:, -1:].to(device)], 1)
+        slots = torch.cat([win.chain_slot, win.chain_slot[:, -1:]], 1)
         j, picked = verdict.result.n_accepted, verdict.picked
         K = win.sibling_slot.shape[2] if win.sibling_slot.dim() == 3 else 0
         if K and win.sibling_slot.shape[1]:
             rows = torch.arange(B, device=device)
             k = j.clamp(max=win.sibling_slot.shape[1] - 1)
-            sib = win.sibling_slot.to(device)[rows, k, picked.clamp(min=0)]
+            sib = win.sibling_slot[rows, k, picked.clamp(min=0)]
             after = (j + 1).clamp(max=C1)
             slots[rows, after] = torch.where(picked >= 0, sib, slots[rows, after])
         return slots

@@ -53,7 +53,8 @@ class WindowState:
             return
         K = self.committed_p.shape[1]
         first = max(start, start + len(p) - K)  # only the last K can still be needed
-        self.committed_p[b, torch.arange(first, start + len(p)) % K] = p[first - start :]
+        slots = torch.arange(first, start + len(p), device=self.committed_p.device) % K
+        self.committed_p[b, slots] = p[first - start :]
 
     def commit(
         self,

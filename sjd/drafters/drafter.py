@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs
+from sjd.core.staging import device_ints
 from sjd.drafters.net import DrafterNet
 from sjd.models.base import ModelAdapter
 from sjd.types import Features
@@ -74,7 +75,7 @@ class DrafterRun:
             )
         R, T, _ = hidden.shape
         device = hidden.device
-        self.prompt_len = torch.as_tensor(lengths, device=device)
+        self.prompt_len = device_ints(lengths, device)
         self.length = T + self.layout.n_tokens  # row positions a row can reach
         S = self.length + self.scratch + 1
         cfg = self.net.config

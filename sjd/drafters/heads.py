@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
+from sjd.core.staging import device_ints
 from sjd.drafters.checkpoint import check_draft_head, random_seed, resolve
 from sjd.models.base import ModelAdapter
 
@@ -201,7 +202,7 @@ def draw_from_heads(
     drawn from ([B, K], [B, K, V]); a position past the image gets q = 0. `code_head`: through the image codes'
     rows of the LM head only (ModelAdapter.code_head; the same q)."""
     N = adapter.layout.n_tokens
-    offsets = torch.as_tensor(heads.offsets, device=predicts.device)
+    offsets = device_ints(heads.offsets, predicts.device)
     positions = predicts[:, None] + offsets[None, :]
     predicted = heads(features.to(heads.up.dtype))  # [R, K, H]
     logits = (adapter.code_head if code_head else adapter.head)(predicted)

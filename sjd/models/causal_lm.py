@@ -19,7 +19,7 @@ import torch
 
 from sjd.models.base import ModelAdapter
 from sjd.models.cache import RaggedCache
-from sjd.models.static_cache import StaticRowCache
+from sjd.models.static_cache import KVStorage, StaticRowCache
 from sjd.types import CUSTOM_MASK, FEATURES, WINDOW, Features, Logits, Prompt
 
 
@@ -106,8 +106,18 @@ class RaggedRows:
             # compiled: the prompt region rounded up, so that a prompt of another length compiles no new graph
             step = self.prompt_rounding
             slots = -(-max(prompt_lengths) // step) * step if self.compiled else None
-            return StaticRowCache(prompt_lengths, uncond_copies, self.layout.n_tokens, self.device, prompt_slots=slots)
+            return StaticRowCache(
+                prompt_lengths, uncond_copies, self.layout.n_tokens, self.device, prompt_slots=slots,
+                storage=self.kv_storage,
+            )  # fmt: skip
         return RaggedCache(config, prompt_lengths, uncond_copies)
+
+    @property
+    def kv_storage(self) -> KVStorage:
+        """The static cache's keys and values, allocated once and reused by every prompt (sjd.models.static_cache)."""
+        if getattr(self, "_kv_storage", None) is None:
+            self._kv_storage = KVStorage()
+        return self._kv_storage
 
     def truncate(self, lengths: Sequence[int]) -> None:
         self._ragged().truncate(lengths)

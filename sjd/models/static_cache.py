@@ -15,9 +15,17 @@ one slot, so an adopted slot replaces whatever was written at its position; the 
 only, as EAGLE does, and there the two caches agree). S is the
 widest window this cache takes plus one slot no query reads (where moves that do not happen are written).
 
-Masks, positions and write slots are built from device tensors each forward; the layer writes each row's keys
-and values at its own slots (`scatter_`). `tests/models/test_static_cache.py` and the adapter contract hold it
-to the same logits as `RaggedCache`.
+Masks, positions and write slots are built from device tensors each forward (the host's start positions reach
+the device by a non-blocking copy, sjd.core.staging); the layer writes each row's keys and values at its own slots
+(`scatter_`). `tests/models/test_static_cache.py` and the adapter contract hold it to the same logits as
+`RaggedCache`.
+
+The keys and values themselves live in a `KVStorage` the adapter keeps: allocated at the first prefill and reused by
+every later one (a prompt's cache is a view of its first rows and slots), so their addresses never change within a
+run, as a CUDA graph that writes them needs. They are marked static for torch.compile (what transformers' own static
+cache does, and why gpt-fast keeps its cache as registered buffers): a graph may write them in place and still be
+recorded as a CUDA graph. Stale keys and values from an earlier prompt are never read: every slot a query may see
+is written first, and a masked slot weighs exactly 0 in the attention.
 """
 
 from __future__ import annotations
@@ -27,11 +35,64 @@ from collections.abc import Sequence
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from sjd.core.staging import device_ints
+
 DEFAULT_SCRATCH = 256  # the widest window (forward inputs) a static cache takes unless told otherwise
 
 
+class KVStorage:
+    """Every layer's keys and values, allocated once and reused by every prompt an adapter decodes.
+
+    `views(layer, rows, length, ...)` hands out the first `rows` rows and `length` slots of a layer's tensors,
+    allocating (zeros) only where none is big enough yet: at the first prefill, or when a later one needs more rows
+    or slots than any before it (`allocations` counts every allocation, so a run that reallocates shows it)."""
+
+    def __init__(self) -> None:
+        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.allocations = 0
+
+    def views(
+        self, layer: int, rows: int, length: int, keys_like: torch.Tensor, values_like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s keys and values [rows, heads, length, head_dim], in the dtype and device of the `*_like`
+        states, as views of its storage (allocated or grown here when it does not fit)."""
+        while len(self.layers) <= layer:
+            self.layers.append((keys_like.new_zeros(0), values_like.new_zeros(0)))
+        keys, values = self.layers[layer]
+        if not (self._fits(keys, rows, length, keys_like) and self._fits(values, rows, length, values_like)):
+            had_rows, had_slots = (keys.shape[0], keys.shape[2]) if keys.dim() == 4 else (0, 0)
+            rows_, slots = max(rows, had_rows), max(length, had_slots)  # grown, never shrunk
+            keys = keys_like.new_zeros(rows_, keys_like.shape[1], slots, keys_like.shape[-1])
+            values = values_like.new_zeros(rows_, values_like.shape[1], slots, values_like.shape[-1])
+            self.layers[layer] = (keys, values)
+            self.allocations += 1
+        return self.static(keys[:rows, :, :length]), self.static(values[:rows, :, :length])
+
+    @staticmethod
+    def _fits(have: torch.Tensor, rows: int, length: int, like: torch.Tensor) -> bool:
+        return (
+            have.dim() == 4
+            and have.shape[0] >= rows
+            and have.shape[2] >= length
+            and (have.shape[1], have.shape[3]) == (like.shape[1], like.shape[-1])
+            and have.dtype == like.dtype
+            and have.device == like.device
+        )
+
+    @staticmethod
+    def static(t: torch.Tensor) -> torch.Tensor:
+        """`t` marked as a static address for torch.compile: written in place by a graph that CUDA graphs record."""
+        torch._dynamo.mark_static_address(t)
+        return t
+
+    def addresses(self) -> list[int]:
+        """Every storage tensor's address: the same from prompt to prompt unless something was reallocated."""
+        return [t.data_ptr() for pair in self.layers for t in pair]
+
+
 class RowSlotLayer(CacheLayerMixin):
-    """One layer's keys and values [rows, heads, T + N + S, head_dim], written at the owner's `write_slots`."""
+    """One layer's keys and values [rows, heads, T + N + S, head_dim], written at the owner's `write_slots`: views
+    of the owner's storage."""
 
     is_compileable = True
     is_sliding = False
@@ -39,11 +100,11 @@ class RowSlotLayer(CacheLayerMixin):
     def __init__(self, owner: StaticRowCache) -> None:
         super().__init__()
         self.owner = owner
+        self.index = len(owner.cache.layers)  # transformers' Cache appends a layer as each is first updated
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        rows, heads, length = key_states.shape[0], key_states.shape[1], self.owner.length
-        self.keys = key_states.new_zeros(rows, heads, length, key_states.shape[-1])
-        self.values = value_states.new_zeros(rows, value_states.shape[1], length, value_states.shape[-1])
+        owner = self.owner
+        self.keys, self.values = owner.storage.views(self.index, owner.rows, owner.length, key_states, value_states)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -83,11 +144,14 @@ class StaticRowCache:
         device: torch.device,
         scratch: int = DEFAULT_SCRATCH,
         prompt_slots: int | None = None,
+        storage: KVStorage | None = None,
     ) -> None:
         """`prompt_slots`: the prompt region's width, at least the longest prompt (default: exactly that). A
-        compiled forward rounds it up, so that prompts of other lengths keep the cache's shape."""
+        compiled forward rounds it up, so that prompts of other lengths keep the cache's shape. `storage`: the
+        adapter's keys and values, reused from prompt to prompt (default: a storage of this cache's own)."""
         self.device = torch.device(device)
-        self.prompt_len = torch.tensor(list(prompt_lengths), dtype=torch.long, device=self.device)
+        self.storage = storage if storage is not None else KVStorage()
+        self.prompt_len = device_ints(prompt_lengths, self.device)
         self.rows = len(prompt_lengths)
         self.copies = 1 + uncond_copies
         self.batch = self.rows // self.copies
@@ -140,7 +204,7 @@ class StaticRowCache:
         return {"position_ids": query.clamp(min=0).to(device), "attention_mask": mask[:, None].to(device)}
 
     def truncate(self, lengths: Sequence[int]) -> None:
-        keep_below = self._rows(torch.as_tensor(list(lengths), dtype=torch.long))
+        keep_below = self._rows(device_ints(lengths, self.device))
         self.live &= torch.arange(self.n_tokens, device=self.device)[None, :] < keep_below[:, None]
         self._last_window = None
 
@@ -148,7 +212,7 @@ class StaticRowCache:
         """Row b writes generated positions start[b] .. start[b] + width - 1 after dropping those >= start[b]."""
         self._check_width(width)
         T, N = self.prompt_width, self.n_tokens
-        first = self._rows(torch.as_tensor(list(start), dtype=torch.long))
+        first = self._rows(device_ints(start, self.device))
         gen = first[:, None] + torch.arange(width, device=self.device)  # [rows, W] the queries' positions
         slots = torch.arange(N, device=self.device)[None, :]
         self.live &= slots < first[:, None]

@@ -31,34 +31,86 @@ def test_reads_of_device_tensors_are_syncs_and_reads_of_host_tensors_are_not():
 
 def test_a_host_tensor_moved_to_the_models_device_is_a_device_tensor_and_the_host_one_stays_host():
     """`.to(adapter.device)` is a no-op when the model runs here, yet on a GPU its result lives there: reading it
-    is a sync. The host tensor it came from (a layout's, say) stays a host tensor; `.to("cpu")` is the host."""
+    is a sync, and so is the move itself (a copy from pageable host memory). The host tensor it came from (a
+    layout's, say) stays a host tensor; `.to("cpu")` is the host."""
     host = torch.tensor([1, -1, 2])
     counter = SyncCounter([])
     with counter:
-        moved = host.to(torch.device("cpu"))
+        moved = host.to(torch.device("cpu"))  # a copy of host data to the device: a sync
         bool(moved[0] >= 0)  # a sync: moved lives on the model's device
         bool(host[0] >= 0)  # not one
         moved.to("cpu")  # a copy to the host: a sync
         n = len(host.tolist())
-    assert sum(counter.counts.syncs.values()) == 2 and n == 3
+    assert sum(counter.counts.syncs.values()) == 3 and counter.counts.copies_to_device == 1 and n == 3
     assert not hasattr(host, "_would_be_on_device") and torch.equal(moved, host) and moved is not host
 
 
+def test_every_copy_of_host_data_to_the_device_is_a_sync_but_a_non_blocking_one_from_pinned_memory():
+    """Host lists and host tensors reaching the device (made there, moved there, used there as an index or a value)
+    block the host on a GPU; `sjd.core.staging`'s pinned non-blocking copies do not. A Python number or a 0-d host
+    tensor rides in a kernel's arguments: no copy."""
+    from sjd.core.staging import device_ints, to_device
+
+    weight = torch.zeros(4, 3)
+    counter = SyncCounter([weight])
+    counter.mark(weight)  # a network's weight (what `watching` marks)
+    cpu = torch.device("cpu")
+    with counter:
+        torch.tensor([1, 2], device=cpu)  # 1
+        torch.as_tensor([0, 1], device=cpu)  # 2
+        weight.new_tensor([1.0, 2.0, 3.0])  # 3
+        weight.copy_(torch.ones(4, 3))  # 4
+        _ = weight[[0, 1]]  # 5: a list index is copied over
+        _ = weight[torch.tensor([0, 2])]  # 6: so is a host index tensor
+        weight[0] = torch.tensor([1.0, 2.0, 3.0])  # 7: a host value written into a device tensor
+        weight[1, 2] = 5.0  # a number: a kernel argument, no copy
+        _ = weight[torch.tensor(1)]  # a 0-d host tensor: no copy
+        staged = device_ints([3, 4], cpu)  # non-blocking from pinned memory: no sync ...
+        rows = to_device(torch.tensor([[1], [2]]), cpu)
+        _ = weight[staged[0]] + rows  # ... and the results are device tensors (no copy when used)
+    syncs = counter.counts.syncs
+    assert sum(syncs.values()) == counter.counts.copies_to_device == 7, syncs
+    assert all(site.startswith("host-to-device copy") for _, site in syncs)
+    assert counter.is_device(staged) and counter.is_device(rows)
+
+
+def test_only_the_staging_module_asks_for_a_non_blocking_copy():
+    """The counter takes a non-blocking copy for one from pinned memory, which sjd.core.staging makes; anywhere else
+    a non-blocking copy could be from pageable memory (a sync the counter would miss)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "sjd"
+    askers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if "non_blocking=True" in p.read_text())
+    assert askers == ["core/staging.py"]
+
+
 def test_sjd_on_the_toy_syncs_once_an_iteration_and_never_in_the_pipeline(toy):
+    """On the static cache SJD syncs once an iteration (the read of the accepted lengths) and AR never; the dynamic
+    cache keeps its bookkeeping on the host and copies it to the device in every forward (the published code's
+    engine), which the counter counts as the forward's syncs."""
     sampling_cfg = SamplingConfig(cfg_scale=3.0)
-    gens = make_generators(0, [p.prompt_id for p in PROMPTS], toy.device)
-    with torch.no_grad():
-        counts = count_decode(lambda: SJDDecoder(window=16).generate(toy, PROMPTS, sampling_cfg, gens), toy, {})
-    row = report_row([counts])
-    reads = sum(n for (where, site), n in counts.syncs.items() if " read" in site)
+
+    def count(decoder, cache: str):
+        gens = make_generators(0, [p.prompt_id for p in PROMPTS], toy.device)
+        toy.use_cache(cache)
+        try:
+            with torch.no_grad():
+                counts = count_decode(lambda: decoder.generate(toy, PROMPTS, sampling_cfg, gens), toy, {})
+        finally:
+            toy.use_cache("dynamic")
+        return counts, report_row([counts])
+
+    counts, row = count(SJDDecoder(window=16), "static")
+    reads = sum(n for (where, site), n in counts.syncs.items() if " read" in site and where == "decoder")
     assert reads == counts.forwards == row["iterations"]  # one read of the accepted lengths (and NaN flags) a forward
     assert row["pipeline_syncs_per_iter"] == 0 and row["forward_syncs_per_iter"] == 0
-    assert row["decoder_syncs_per_iter"] < 1.1  # that read; the prefill's NaN guard and the result's copy, once
+    assert row["decoder_syncs_per_iter"] == row["syncs_per_iter"] == 1  # that read; the rest is once a decode
+    assert row["copies_to_device_per_iter"] == 0 and row["syncs_once_per_decode"] > 0  # the prefill's ids, ...
     assert "base.py read: the accepted lengths" in sync_purposes(row["decoder_sync_sites"])
-    gens = make_generators(0, [p.prompt_id for p in PROMPTS], toy.device)
-    with torch.no_grad():
-        ar = report_row([count_decode(lambda: ARDecoder().generate(toy, PROMPTS, sampling_cfg, gens), toy, {})])
-    assert ar["decoder_syncs_per_iter"] < 0.1  # nothing a step: the prefill's NaN guard and the result, once
+    _, dynamic = count(SJDDecoder(window=16), "dynamic")
+    assert dynamic["forward_syncs_per_iter"] >= 1 and dynamic["copies_to_device_per_iter"] >= 1
+    _, ar = count(ARDecoder(), "static")
+    assert ar["syncs_per_iter"] == 0  # nothing a step: the prefill's NaN guard and the result, once a decode
 
 
 def test_sjd_pac_syncs_twice_an_iteration_the_branch_plan_and_the_accepted_lengths(toy):
