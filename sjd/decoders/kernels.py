@@ -30,7 +30,7 @@ import torch
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs, probs_on_free_columns, sample_from
 from sjd.core.verify import VerifyResult, block_verify, verify
-from sjd.models.causal_lm import RECOMPILE_LIMIT
+from sjd.models.causal_lm import RECOMPILE_LIMIT, uses_cuda_graphs
 from sjd.types import ImageLayout, Logits
 
 
@@ -93,4 +93,19 @@ def compiled_kernels(mode: str | None) -> Kernels:
     batch size and decoder setting is a graph of its own, so dynamo's recompile limit is raised as for the
     compiled windows (sjd.models.causal_lm.RECOMPILE_LIMIT)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    return Kernels(functools.partial(torch.compile, mode=mode, fullgraph=True), compiled=True)
+    compile_one = functools.partial(torch.compile, mode=mode, fullgraph=True)
+    if uses_cuda_graphs(mode):  # a replay's outputs are overwritten by the next: decoders keep them, so clone them
+        return Kernels(lambda fn: kept_outputs(compile_one(fn)), compiled=True)
+    return Kernels(compile_one, compiled=True)
+
+
+def kept_outputs(compiled: Callable) -> Callable:
+    """`compiled` with its tensor outputs cloned as they leave a CUDA graph's memory pool (sjd.models.causal_lm's
+    KeptOutputs does the same for the window forward): a decoder keeps p, drafts and accepted lengths past the
+    next call, which would overwrite them in place."""
+
+    @functools.wraps(compiled)
+    def kept(*args):
+        return torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, compiled(*args))
+
+    return kept

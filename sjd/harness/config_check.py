@@ -32,6 +32,7 @@ RUN_KEYS: dict[str, tuple[Any, Callable[[Any], bool] | None, str]] = {
         lambda v: v in ("default", "reduce-overhead", "max-autotune"),
         "default, reduce-overhead or max-autotune",
     ),
+    "compile_strict": (bool, None, ""),
     "warmup": (int, lambda v: v >= 0, ">= 0"),
     "save_images": (bool, None, ""),
     "grid_prompts": (int, lambda v: v >= 0, ">= 0"),

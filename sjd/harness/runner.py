@@ -47,6 +47,7 @@ from sjd.harness import contention
 from sjd.harness.config_check import check_run_config
 from sjd.harness.decoder_configs import settle_named_rows
 from sjd.harness.distributed import DataParallel, rank_info, shard
+from sjd.harness.engine_watch import EngineWatch
 from sjd.harness.plots import accept_histograms
 from sjd.harness.prompts import PromptSet, load_prompt_set, resolve_path
 from sjd.harness.provenance import (
@@ -407,9 +408,11 @@ def decode_prompts(
     finished (decoder, prompt, seed index) samples, and append each (after its image) through `writer`.
 
     Returns what the timing leaves out, for the summary rows: each decoder's warm-up seconds (`warmup_s`, which
-    holds the compile time under compile=true) and the graphs compiled after the warm-up (`graphs_compiled_timed`:
-    0 unless a batch of another size or a window width the warm-up did not meet had to compile)."""
+    holds the compile time under compile=true) and what the engine did (sjd.harness.engine_watch): the graphs
+    compiled after the warm-up (`graphs_compiled_timed`: 0 unless a batch of another size or a window width the
+    warm-up did not meet had to compile), graph breaks, CUDA-graph skips and static cache reallocations."""
     groups = batches(samples, cfg.batch_size)
+    watch = EngineWatch(adapter, strict=bool(cfg.get("compile_strict", False)))
     warmup_s = {}
     for d in decoders:  # warm-up: first use of kernels and allocator (and compiling), not recorded
         started = time.perf_counter()
@@ -417,28 +420,22 @@ def decode_prompts(
             gens = sample_generators(cfg.seed, [(p.prompt_id, k) for p, k in group], adapter.device)
             d.generate(adapter, [p for p, _ in group], sampling, gens)
         warmup_s[d.name] = round(time.perf_counter() - started, 3)
-    graphs_before = compiled_graphs()
+    watch.warmed_up()
 
     todo = sum((d.name, p.prompt_id, k) not in done for d in decoders for p, k in samples)
     progress = tqdm(total=todo, desc="decoding", unit="image", disable=None)
-    for i, full_group in enumerate(groups):
-        order = decoders if i % 2 == 0 else decoders[::-1]
-        for d in order:
-            # Resuming: only the prompts this decoder has not finished. A prompt's tokens do not
-            # depend on its batch, so the resumed run ends with the same samples.
-            group = [(p, k) for p, k in full_group if (d.name, p.prompt_id, k) not in done]
-            if group:
-                decode_group(cfg, adapter, d, sampling, group, writer)
-                progress.update(len(group))
+    with watch.timed():
+        for i, full_group in enumerate(groups):
+            order = decoders if i % 2 == 0 else decoders[::-1]
+            for d in order:
+                # Resuming: only the prompts this decoder has not finished. A prompt's tokens do not
+                # depend on its batch, so the resumed run ends with the same samples.
+                group = [(p, k) for p, k in full_group if (d.name, p.prompt_id, k) not in done]
+                if group:
+                    decode_group(cfg, adapter, d, sampling, group, writer)
+                    progress.update(len(group))
     progress.close()
-    return {"warmup_s": warmup_s, "graphs_compiled_timed": compiled_graphs() - graphs_before}
-
-
-def compiled_graphs() -> int:
-    """Graphs torch.compile has compiled in this process so far."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
+    return {"warmup_s": warmup_s, **watch.facts()}
 
 
 def decode_group(

@@ -11,8 +11,9 @@ real token.
 
 from __future__ import annotations
 
+import contextlib
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,25 @@ class RunOutput:
 CACHES = ("dynamic", "static")
 PROMPT_ROUNDING = 64  # compiled: the static cache's prompt region is a multiple of this many slots
 RECOMPILE_LIMIT = 256  # compiled window shapes a process may hold: batch sizes x power-of-two widths, and more
+
+
+def uses_cuda_graphs(mode: str | None) -> bool:
+    """Whether torch.compile's `mode` replays CUDA graphs (on a CUDA device), whose outputs the next replay reuses."""
+    return mode in ("reduce-overhead", "max-autotune")
+
+
+class KeptOutputs(torch.nn.Module):
+    """A compiled module whose tensor outputs are cloned on the way out: under CUDA graph trees a replay's outputs
+    live in the graphs' memory pool and the next replay overwrites them, while decoders keep a window's logits and
+    features past the next forward (a drafter's features, carried draft distributions). Hooks on this module run
+    outside the graph, as on the compiled module."""
+
+    def __init__(self, compiled: torch.nn.Module) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, *args, **kwargs):
+        return torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, self.compiled(*args, **kwargs))
 
 
 class RaggedRows:
@@ -66,18 +86,31 @@ class RaggedRows:
         raise NotImplementedError(f"model {self.name!r} cannot compile its windows")
 
     def compile_windows(self, mode: str | None) -> None:
-        """Compile the window forward (torch.compile, `mode` as torch takes it) on the static cache. Window widths
-        are padded up to a power of two (`bucket`), so each width compiles once and nothing recompiles per
-        iteration; the prefill stays eager (its width is the prompt's)."""
+        """Compile the window forward (torch.compile, `mode` as torch takes it) on the static cache, into one graph
+        (`fullgraph`: a graph break is an error, not a silent split). Window widths are padded up to a power of two
+        (`bucket`), so each width compiles once and nothing recompiles per iteration; the prefill stays eager (its
+        width is the prompt's). Under CUDA graphs (`reduce-overhead`), a replay writes its outputs into memory the
+        next replay overwrites, so the window's outputs are cloned as they leave the graph (`KeptOutputs`)."""
         self.use_cache("static")
         # One graph per (batch rows, bucket) pair: more than dynamo's default of 8 recompiles of one frame, after
         # which it would quietly run the rest eagerly.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        self._compiled = torch.compile(self.window_stack(), mode=mode, dynamic=False)
+        compiled = torch.compile(self.window_stack(), mode=mode, dynamic=False, fullgraph=True)
+        self._compiled = KeptOutputs(compiled) if uses_cuda_graphs(mode) else compiled
 
     def uncompile(self) -> None:
         """Back to the eager window forward (the cache stays as it is)."""
         self._compiled = None
+
+    @contextlib.contextmanager
+    def eagerly(self) -> Iterator[None]:
+        """Windows go through the eager stack inside the block, on the same cache, and through the same compiled
+        stack after it: a bench writes a long context in wide chunks without compiling a graph for each chunk."""
+        compiled, self._compiled = self._compiled, None
+        try:
+            yield
+        finally:
+            self._compiled = compiled
 
     @property
     def compiled(self) -> bool:
@@ -220,8 +253,26 @@ class CausalLMAdapter(RaggedRows, ModelAdapter):
         return self.model.model
 
     def _head_output(self, hidden: torch.Tensor, logits_to_keep: int) -> RunOutput:
+        """The LM head on the kept slots. A compiled window computes the image codes' rows only (`code_logits`):
+        what decoding reads, at 1/8 of Chameleon's head; the eager engine computes every row, as published code
+        does."""
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        if self._in_window and self.compiled:
+            return RunOutput(self.code_logits(kept), hidden)
         return RunOutput(self.lm_head(kept), hidden)
+
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Raw logits [rows, W, V] with the image codes' columns computed and the others 0, which the shared
+        pipeline never reads (it reads the free columns at a code's position and forces every other one)."""
+        head = self.lm_head
+        cols = self.layout.free_columns(hidden.device)  # one id range on every real model: a view, no copy
+        if isinstance(cols, slice) and cols.stop - cols.start == head.weight.shape[0]:
+            return head(hidden)  # the head is all codes (nothing to cut)
+        bias = None if head.bias is None else head.bias[cols]
+        codes = torch.nn.functional.linear(hidden.to(head.weight.dtype), head.weight[cols], bias)
+        out = codes.new_zeros(*codes.shape[:-1], head.weight.shape[0])
+        out[..., cols] = codes
+        return out
 
     # -- the `features` capability ------------------------------------------------------------------
     @property
@@ -234,13 +285,7 @@ class CausalLMAdapter(RaggedRows, ModelAdapter):
 
     @torch.no_grad()
     def code_head(self, hidden: torch.Tensor) -> Logits:
-        head = self.lm_head
-        cols = self.layout.free_columns(hidden.device)  # one id range on every real model: a view, no copy
-        bias = None if head.bias is None else head.bias[cols]
-        codes = torch.nn.functional.linear(hidden.to(head.weight.dtype), head.weight[cols], bias)
-        out = codes.new_zeros(*codes.shape[:-1], head.weight.shape[0])
-        out[..., cols] = codes
-        return self._split(out)
+        return self._split(self.code_logits(hidden))
 
     def token_embeddings(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight
