@@ -230,9 +230,9 @@ class Decoder(ABC):
         """The iteration kernels this decoder calls: eager, or compiled under compile=true."""
         return self._kernels
 
-    def compile_kernels(self, mode: str | None) -> None:
+    def compile_kernels(self, mode: str | None, backend: str | None = None) -> None:
         """compile=true: the pipeline, verification and sampling as compiled graphs (torch.compile's `mode`)."""
-        self._kernels = compiled_kernels(mode)
+        self._kernels = compiled_kernels(mode, backend)
 
     def use_kernels(self, kernels: Kernels) -> None:
         """Another kernel set (the sync counter's, which counts each call as one graph replay)."""

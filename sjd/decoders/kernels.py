@@ -30,7 +30,7 @@ import torch
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs, probs_on_free_columns, sample_from
 from sjd.core.verify import VerifyResult, block_verify, verify
-from sjd.models.causal_lm import RECOMPILE_LIMIT, uses_cuda_graphs
+from sjd.models.causal_lm import RECOMPILE_LIMIT, compile_options, uses_cuda_graphs
 from sjd.types import ImageLayout, Logits
 
 
@@ -87,14 +87,14 @@ EAGER = Kernels()
 
 
 @functools.cache
-def compiled_kernels(mode: str | None) -> Kernels:
+def compiled_kernels(mode: str | None, backend: str | None = None) -> Kernels:
     """Kernels compiled with torch.compile's `mode` into one graph each (fullgraph), once per process and mode;
     each shape compiles on first use (the runner's warm-up batch meets the shapes a run uses). Every window width,
     batch size and decoder setting is a graph of its own, so dynamo's recompile limit is raised as for the
     compiled windows (sjd.models.causal_lm.RECOMPILE_LIMIT)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    compile_one = functools.partial(torch.compile, mode=mode, fullgraph=True)
-    if uses_cuda_graphs(mode):  # a replay's outputs are overwritten by the next: decoders keep them, so clone them
+    compile_one = functools.partial(torch.compile, fullgraph=True, **compile_options(mode, backend))
+    if uses_cuda_graphs(mode) and backend in (None, "inductor"):  # a replay's outputs are overwritten by the next
         return Kernels(lambda fn: kept_outputs(compile_one(fn)), compiled=True)
     return Kernels(compile_one, compiled=True)
 

@@ -33,6 +33,7 @@ RUN_KEYS: dict[str, tuple[Any, Callable[[Any], bool] | None, str]] = {
         "default, reduce-overhead or max-autotune",
     ),
     "compile_strict": (bool, None, ""),
+    "compile_backend": (str | None, lambda v: v in ("inductor", "aot_eager", "eager"), "inductor, aot_eager or eager"),
     "warmup": (int, lambda v: v >= 0, ">= 0"),
     "save_images": (bool, None, ""),
     "grid_prompts": (int, lambda v: v >= 0, ">= 0"),

@@ -257,9 +257,10 @@ def build(
     adapter: ModelAdapter = instantiate(cfg.model.adapter, device=dp.device)
     adapter.use_cache(cfg.get("cache", "dynamic"))  # AR and every decoder run on the same engine
     if cfg.get("compile", False):  # eager with eager, compiled with compiled: the baseline is compiled too
-        adapter.compile_windows(compile_mode(cfg, adapter.device))
+        backend = cfg.get("compile_backend")
+        adapter.compile_windows(compile_mode(cfg, adapter.device), backend)
         for d in decoders:  # and the pipeline, verification and sampling each iteration runs beside the forward
-            d.compile_kernels(compile_mode(cfg, adapter.device))
+            d.compile_kernels(compile_mode(cfg, adapter.device), backend)
     adapter.check_prompts(prompt_set.prompts)
     for d in decoders:
         d.check(adapter)
@@ -308,6 +309,7 @@ def run_meta(
         "cache": adapter.cache_kind,
         "compiled": bool(cfg.get("compile", False)),
         "compile_mode": compile_mode(cfg, dp.device) if cfg.get("compile", False) else None,
+        "compile_backend": cfg.get("compile_backend") if cfg.get("compile", False) else None,
         "world_size": dp.info.world_size,
         "git_hash": git_hash(),
         "versions": versions(),

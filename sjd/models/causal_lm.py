@@ -37,6 +37,11 @@ PROMPT_ROUNDING = 64  # compiled: the static cache's prompt region is a multiple
 RECOMPILE_LIMIT = 256  # compiled window shapes a process may hold: batch sizes x power-of-two widths, and more
 
 
+def compile_options(mode: str | None, backend: str | None) -> dict:
+    """torch.compile's keywords: inductor with `mode`, or another `backend` (which takes no mode)."""
+    return {"mode": mode} if backend in (None, "inductor") else {"backend": backend}
+
+
 def uses_cuda_graphs(mode: str | None) -> bool:
     """Whether torch.compile's `mode` replays CUDA graphs (on a CUDA device), whose outputs the next replay reuses."""
     return mode in ("reduce-overhead", "max-autotune")
@@ -85,17 +90,19 @@ class RaggedRows:
         """The network a window goes through (what compile=true compiles)."""
         raise NotImplementedError(f"model {self.name!r} cannot compile its windows")
 
-    def compile_windows(self, mode: str | None) -> None:
+    def compile_windows(self, mode: str | None, backend: str | None = None) -> None:
         """Compile the window forward (torch.compile, `mode` as torch takes it) on the static cache, into one graph
         (`fullgraph`: a graph break is an error, not a silent split). Window widths are padded up to a power of two
         (`bucket`), so each width compiles once and nothing recompiles per iteration; the prefill stays eager (its
         width is the prompt's). Under CUDA graphs (`reduce-overhead`), a replay writes its outputs into memory the
-        next replay overwrites, so the window's outputs are cloned as they leave the graph (`KeptOutputs`)."""
+        next replay overwrites, so the window's outputs are cloned as they leave the graph (`KeptOutputs`).
+        `backend`: torch.compile's backend (None: inductor, with `mode`; `aot_eager` traces and checks the same graphs
+        without generating code, as the device check's tiny run does on the CPU)."""
         self.use_cache("static")
         # One graph per (batch rows, bucket) pair: more than dynamo's default of 8 recompiles of one frame, after
         # which it would quietly run the rest eagerly.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        compiled = torch.compile(self.window_stack(), mode=mode, dynamic=False, fullgraph=True)
+        compiled = torch.compile(self.window_stack(), dynamic=False, fullgraph=True, **compile_options(mode, backend))
         self._compiled = KeptOutputs(compiled) if uses_cuda_graphs(mode) else compiled
 
     def uncompile(self) -> None:
