@@ -34,6 +34,8 @@ from studies.drafters_page import drafters_section
 from studies.engine_page import render_engine_page
 from studies.frontier import frontier, powered_lines, published_lines
 from studies.goal_page import POWERED_PAGE, goal_section
+from studies.gpu_check_page import TITLE as GPU_CHECK_TITLE
+from studies.gpu_check_page import render_gpu_check_page
 from studies.gpu_page import TITLE as GPU_TITLE
 from studies.gpu_page import render_gpu_page
 from studies.overlays import FIGURES, Goal, Study, load_studies
@@ -43,12 +45,14 @@ from studies.regime_page import PUBLISHED, regime_section
 from studies.tables import INTERVAL_LEGEND, describe_run, key_table, latest_run, markdown
 
 GENERATOR = "python scripts/results_pages.py"
-# Pages of the benchmark tools (scripts/bench_engine.py, scripts/real_size.py, scripts/gpu_smoke.sh): each
-# renders from its CSV in results/ when it is there, and its index line says what it shows.
+# Pages of the benchmark tools (scripts/bench_engine.py, scripts/real_size.py, scripts/gpu_smoke.sh,
+# scripts/gpu_check.py): each renders from its file in results/ when it is there, and its index line says what it
+# shows.
 TOOL_PAGES = (
     (render_engine_page, "the engine: eager against compiled, dynamic against static cache"),
     (render_real_size_page, REAL_SIZE_TITLE),
     (render_gpu_page, GPU_TITLE),
+    (render_gpu_check_page, GPU_CHECK_TITLE),
 )
 SECTION_KINDS = ("regime", "calibration", "goal", "drafters", "cost")  # studies that close their page with one section
 # README's headline: (page, command) of the study part it shows.

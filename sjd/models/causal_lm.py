@@ -96,7 +96,7 @@ class RaggedRows:
         (`bucket`), so each width compiles once and nothing recompiles per iteration; the prefill stays eager (its
         width is the prompt's). Under CUDA graphs (`reduce-overhead`), a replay writes its outputs into memory the
         next replay overwrites, so the window's outputs are cloned as they leave the graph (`KeptOutputs`).
-        `backend`: torch.compile's backend (None: inductor, with `mode`; `aot_eager` traces and checks the same graphs
+        `backend`: torch.compile's backend (None: inductor, with `mode`; `eager` traces and checks the same graphs
         without generating code, as the device check's tiny run does on the CPU)."""
         self.use_cache("static")
         # One graph per (batch rows, bucket) pair: more than dynamo's default of 8 recompiles of one frame, after
