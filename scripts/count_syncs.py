@@ -20,17 +20,13 @@ layer: the eager forward's launches that sjd.core.cost prices (FORWARD_OPS_FIXED
 from __future__ import annotations
 
 import argparse
-import functools
 import shlex
 import sys
 from pathlib import Path
 
-import pandas as pd
 import torch
 
-from sjd.bench.bookkeeping import build_model, decoder_configs, entrants, model_config, prompt_batches
-from sjd.bench.syncs import count_decode, forward_op_counts, report_row, sync_purposes
-from sjd.core.seeding import make_generators
+from sjd.bench.sync_table import SHOWN, forward_ops_line, sync_table
 from sjd.harness.provenance import git_hash
 from sjd.harness.results import markdown_table
 
@@ -51,47 +47,13 @@ def main() -> None:
     ap.add_argument("--forward-ops", action="store_true", help="count one forward's operator calls instead")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    adapter, sampling = build_model(args.model)
     if args.forward_ops:
-        (group,) = prompt_batches(args.model, 1, 1)
-        fixed, per_layer, layers = forward_op_counts(adapter, [p for p, _ in group])
-        print(f"{args.model}: {fixed} operator calls outside the layers, {per_layer} per layer ({layers} layers)")
+        print(forward_ops_line(args.model))
         return
     names = args.decoders.split(",") if args.decoders else None
-    windows = [w for w in args.windows if w <= adapter.layout.n_tokens]
-    field = []
-    for name, config in decoder_configs(names).items():
-        try:
-            field += entrants({name: config}, adapter, windows, print, model_config(args.model))
-        except ValueError as e:  # a setting the model cannot take (PJD's context on the toy's short rows)
-            print(f"skipped {name}: {e}")
-    rows = []
-    settings = [(cache, kernels) for kernels in args.kernels.split(",") for cache in args.caches.split(",")]
-    for cache, kernels in settings:
-        if kernels == "compiled" and cache != "static":
-            continue  # compile=true runs on the static cache
-        adapter.use_cache(cache)
-        for batch in args.batches:
-            (group,) = prompt_batches(args.model, 1, batch)
-            prompts = [p for p, _ in group]
-            for e in field:
-                gens = make_generators(0, [p.prompt_id for p in prompts], adapter.device)
-                decode = functools.partial(e.decoder.generate, adapter, prompts, sampling, gens)
-                graphs_of = e.decoder if kernels == "compiled" else None
-                with torch.no_grad():
-                    counts = count_decode(decode, adapter, e.decoder.networks(adapter), graphs_of)
-                rows.append({"decoder": e.name, "cache": cache, "kernels": kernels, "window": e.window,
-                             "batch": batch, **report_row([counts])})  # fmt: skip
-                print(f"{e.name} {cache} cache {kernels} kernels window {e.window} batch {batch}: "
-                      f"{rows[-1]['decoder_syncs_per_iter']:.2f} syncs/iter, "
-                      f"{rows[-1]['ops_outside_forward_per_iter']:.0f} calls/iter")  # fmt: skip
-    table = pd.DataFrame(rows)
-    table["decoder_sync_purposes"] = [sync_purposes(s) for s in table["decoder_sync_sites"]]
-    table = table.assign(model=args.model, command=shlex.join(["python", *sys.argv]), git_hash=git_hash(),
-                         torch=torch.__version__)  # fmt: skip
-    shown = ["decoder", "cache", "kernels", "window", "batch", "decoder_syncs_per_iter", "pipeline_syncs_per_iter",
-             "forward_syncs_per_iter", "ops_outside_forward_per_iter"]  # fmt: skip
-    print(markdown_table(table[shown].round(2)))
+    table = sync_table(args.model, names, args.windows, args.batches, args.caches.split(","), args.kernels.split(","))
+    table = table.assign(command=shlex.join(["python", *sys.argv]), git_hash=git_hash(), torch=torch.__version__)
+    print(markdown_table(table[SHOWN].round(2)))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out, index=False)
