@@ -202,16 +202,24 @@ def run_command(check: Check, args: list[str], out_csv: Path, run_dir: Path) -> 
     return command[1:], round(time.perf_counter() - t0, 1), code, tail
 
 
-def decode_rows(run_dir: Path) -> list[dict]:
-    """Per decoder of a run: ms a token, ms an iteration (a forward after the prefill), forwards, and the tokens."""
+def decode_rows(run_dir: Path, engine: str) -> list[dict]:
+    """Per decoder of a run: ms a token, ms an iteration (a forward after the prefill), forwards, and its measured
+    latency speedup over AR beside the cost model's for the same decodes on the engine that matches the run's
+    (`eager`, else the default graphed one), and measured over modelled."""
     samples = pd.read_json(run_dir / "samples.jsonl", lines=True)
+    summary = pd.read_csv(run_dir / "summary.csv").set_index("decoder")
+    modelled = "modelled_eager_speedup" if engine == "eager" else "modelled_speedup"
     rows = []
     for decoder, df in samples.groupby("decoder", sort=False):
         decode_ms = 1000 * df["decode_s"].sum()
+        row = summary.loc[decoder] if decoder in summary.index else pd.Series(dtype=float)
+        measured, model = row.get("latency_speedup", float("nan")), row.get(modelled, float("nan"))
         rows.append({"decoder": decoder, "images": len(df),
                      "ms_per_token": round(decode_ms / df["n_tokens"].sum(), 4),
                      "ms_per_iteration": round(decode_ms / max(1, (df["n_forward"] - 1).sum()), 4),
-                     "forwards_per_image": float(df["n_forward"].mean())})  # fmt: skip
+                     "forwards_per_image": float(df["n_forward"].mean()),
+                     "measured_speedup": round(float(measured), 3), modelled: round(float(model), 3),
+                     "measured_over_modelled": round(float(measured / model), 3)})  # fmt: skip
     return rows
 
 
@@ -247,7 +255,7 @@ def user_runs(check: Check, base: list[str], label: str) -> dict:
             if code != 0:
                 found[name]["error"] = tail
                 continue
-            found[name]["decoders"] = decode_rows(dirs[name])
+            found[name]["decoders"] = decode_rows(dirs[name], "eager" if name == "eager" else "compiled")
         if "compiled" in found and all(found[k]["returncode"] == 0 for k in ("compiled", "eager")):
             compiled, eager = tokens_of(dirs["compiled"]), tokens_of(dirs["eager"])
             same = [compiled[k] == eager.get(k) for k in compiled]
