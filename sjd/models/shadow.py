@@ -155,17 +155,18 @@ class ShadowedAdapter(ModelAdapter):
         return self.standin.compiled
 
     # -- model calls: the stand-in's set aside, then the shadow's ------------------------------------
-    def _aside(self) -> contextlib.AbstractContextManager:
+    def set_aside(self) -> contextlib.AbstractContextManager:
+        """The context the stand-in's work runs in: the forward clock's `set_aside()` during a decode."""
         return self._clock.set_aside() if self._clock is not None else contextlib.nullcontext()
 
     def prefill(self, prompts: Sequence[Prompt], with_uncond: bool) -> Logits:
-        with self._aside():
+        with self.set_aside():
             out = self.standin.prefill(prompts, with_uncond)
         self.shadow.prefill(prompts, with_uncond)
         return out
 
     def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:
-        with self._aside():
+        with self.set_aside():
             out = self.standin.forward(tokens, start)
             ids = self.ids[tokens]
         self.shadow.forward(ids, start)
@@ -179,30 +180,30 @@ class ShadowedAdapter(ModelAdapter):
         window_mask: torch.Tensor,
         transient: torch.Tensor | None = None,
     ) -> Logits:
-        with self._aside():
+        with self.set_aside():
             out = self.standin.forward_at(tokens, positions, keep, window_mask, transient)
             ids = self.ids[tokens]
         self.shadow.forward_at(ids, positions, keep, window_mask, transient)
         return out
 
     def keep_slots(self, keep: torch.Tensor) -> None:
-        with self._aside():
+        with self.set_aside():
             self.standin.keep_slots(keep)
         self.shadow.keep_slots(keep)
 
     def truncate(self, lengths: Sequence[int]) -> None:
-        with self._aside():
+        with self.set_aside():
             self.standin.truncate(lengths)
         self.shadow.truncate(lengths)
 
     def embed(self, tokens: torch.Tensor, levels: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        with self._aside():
+        with self.set_aside():
             out = self.standin.embed(tokens, levels, noise)
             self._embedded = self.ids[tokens]
         return out
 
     def forward_embeds(self, embeds: torch.Tensor, levels: torch.Tensor, start: Sequence[int]) -> Logits:
-        with self._aside():
+        with self.set_aside():
             out = self.standin.forward_embeds(embeds, levels, start)
             ids = self._embedded
             if ids is None or tuple(ids.shape) != tuple(embeds.shape[:2]):  # embeds that no `embed` made
@@ -211,14 +212,14 @@ class ShadowedAdapter(ModelAdapter):
         return out
 
     def head(self, hidden: torch.Tensor) -> Logits:
-        with self._aside():
+        with self.set_aside():
             out = self.standin.head(hidden)
             shadow_hidden = self._shadow_hidden(hidden)
         self.shadow.head(shadow_hidden)
         return out
 
     def code_head(self, hidden: torch.Tensor) -> Logits:
-        with self._aside():
+        with self.set_aside():
             out = self.standin.code_head(hidden)
             shadow_hidden = self._shadow_hidden(hidden)
         self.shadow.code_head(shadow_hidden)

@@ -16,9 +16,13 @@ from test_run import run_py
 from sjd.core.sampling import SamplingConfig
 from sjd.core.seeding import make_generators
 from sjd.decoders.ar import ARDecoder
+from sjd.drafters.heads import DraftHeads
+from sjd.drafters.net import DrafterNet
+from sjd.drafters.shadow import ShadowedDrafterNet, ShadowedDraftHeads
 from sjd.harness.config_check import ConfigError, check_run_config
 from sjd.harness.shadow import ShadowSettings, build_architecture, check_same_shadow, with_shadow
 from sjd.models.base import ModelAdapter
+from sjd.models.loading import networks_sha
 from sjd.models.shadow import ShadowedAdapter, distinct_forced, follow_layout, token_table
 from sjd.types import ImageLayout, Logits, Prompt
 
@@ -34,36 +38,66 @@ def tiny_shadow(settings: ShadowSettings = TINY_LLAMAGEN) -> ModelAdapter:
 
 
 def spy_on(adapter: ModelAdapter, monkeypatch) -> dict[str, list[tuple]]:
-    """Record the arguments of every model call made on `adapter` (restored after the test)."""
+    """Record the arguments of every model call made on `adapter` from outside (a `code_head` that calls `head`
+    is one call), restored after the test."""
     seen: dict[str, list[tuple]] = {name: [] for name in CALLS}
+    inside = [0]
     for name in CALLS:
         method = getattr(adapter, name)
 
         def spy(*args, _method=method, _name=name):
-            seen[_name].append(args)
-            return _method(*args)
+            if not inside[0]:
+                seen[_name].append(args)
+            inside[0] += 1
+            try:
+                return _method(*args)
+            finally:
+                inside[0] -= 1
 
         monkeypatch.setattr(adapter, name, spy)
     return seen
 
 
-@pytest.mark.parametrize("decoder", ["sjd", "sjd_pac", "eagle"])
+def spy_on_networks(monkeypatch) -> dict[str, list[str]]:
+    """Record, for each call of a drafter layer or of draft heads (`forward`, `one`), whose it was: the decoder's
+    own network (`own`, a copy beside a shadow) or its twin at the shadow's width (`twin`)."""
+    seen: dict[str, list[str]] = {"drafter": [], "heads": []}
+    for cls, method, kind, own in (
+        (DrafterNet, "forward", "drafter", ShadowedDrafterNet),
+        (DraftHeads, "forward", "heads", ShadowedDraftHeads),
+        (DraftHeads, "one", "heads", ShadowedDraftHeads),
+    ):
+        original = getattr(cls, method)
+
+        def spy(self, *args, _original=original, _kind=kind, _own=own):
+            seen[_kind].append("own" if isinstance(self, _own) else "twin")
+            return _original(self, *args)
+
+        monkeypatch.setattr(cls, method, spy)
+    return seen
+
+
+@pytest.mark.parametrize("decoder", ["sjd", "sjd_pac", "eagle", "sjd_heads", "ssd"])
 def test_tokens_are_the_models_with_a_shadow_and_the_shadow_gets_every_call(decoder, toy, monkeypatch):
-    """SJD (windows), SJD-PAC (sibling branches) and EAGLE (a drafter's tree through forward_at and keep_slots, and
-    the LM head on the drafter's features): the same tokens with a one-layer tiny LlamaGen as the shadow as without,
-    and the shadow sees each call with the model's rows, positions and masks, its tokens mapped by the table."""
+    """SJD (windows), SJD-PAC (sibling branches), EAGLE (a drafter's tree through forward_at and keep_slots), heads
+    (SJD with heads; SSD's chained `one`): the same tokens with a one-layer tiny LlamaGen as the shadow as without;
+    the shadow sees each call with the model's rows, positions and masks, its tokens mapped by the table; and every
+    call of the decoder's drafter or heads is also run by a twin at the shadow's width."""
     from decoder_on_model import fitted, resolved_decoder
 
-    run = fitted(resolved_decoder(decoder, "toy"), toy)
-    alone = run.generate(toy, PROMPTS, SAMPLED, make_generators(0, ["a", "b"], toy.device))
-
+    alone = fitted(resolved_decoder(decoder, "toy"), toy).generate(
+        toy, PROMPTS, SAMPLED, make_generators(0, ["a", "b"], toy.device)
+    )
     shadow = tiny_shadow()
     shadowed = ShadowedAdapter(toy, shadow, {"shadow": "llamagen"})
+    run = fitted(resolved_decoder(decoder, "toy"), shadowed)
     model_calls, shadow_calls = spy_on(toy, monkeypatch), spy_on(shadow, monkeypatch)
+    networks = spy_on_networks(monkeypatch)
     result = run.generate(shadowed, PROMPTS, SAMPLED, make_generators(0, ["a", "b"], toy.device))
 
     assert torch.equal(result.tokens, alone.tokens) and result.n_forward == alone.n_forward
     assert result.set_aside_s > 0  # the model's calls were timed apart
+    assert networks_sha(run.networks(shadowed)) == networks_sha(run.networks(toy))  # the drafter's own weights
     for name in CALLS:
         assert len(shadow_calls[name]) == len(model_calls[name]), name
     for (tokens, start), (ids, shadow_start) in zip(model_calls["forward"], shadow_calls["forward"]):
@@ -76,8 +110,10 @@ def test_tokens_are_the_models_with_a_shadow_and_the_shadow_gets_every_call(deco
     heads = model_calls["head"] + model_calls["code_head"]
     for ours, theirs in zip(heads, shadow_calls["head"] + shadow_calls["code_head"]):
         assert theirs[0].shape == (*ours[0].shape[:-1], width)
-    if decoder == "sjd":
-        assert model_calls["forward"] and not model_calls["forward_at"]
+    for kind, calls in networks.items():
+        assert calls.count("own") == calls.count("twin"), kind
+    uses = {"eagle": "drafter", "sjd_heads": "heads", "ssd": "heads"}.get(decoder)
+    assert bool(networks["drafter"]) == (uses == "drafter") and bool(networks["heads"]) == (uses == "heads")
     if decoder == "eagle":  # the calls only a tree decoder with a drafter makes
         assert model_calls["forward_at"] and model_calls["keep_slots"] and heads
 
