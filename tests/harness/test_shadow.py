@@ -191,6 +191,7 @@ class FakeEvent:
     """torch.cuda.Event on a fake GPU clock: each event recorded 1.5 ms after the one before."""
 
     clock = 0.0
+    waits = 0
 
     def __init__(self, enable_timing: bool = False) -> None:
         self.at = 0.0
@@ -201,6 +202,9 @@ class FakeEvent:
 
     def elapsed_time(self, end: FakeEvent) -> float:
         return end.at - self.at
+
+    def synchronize(self) -> None:
+        FakeEvent.waits += 1
 
 
 def test_a_paused_span_goes_to_no_stage_on_a_gpu_and_the_stage_keeps_the_rest(monkeypatch):
@@ -215,6 +219,33 @@ def test_a_paused_span_goes_to_no_stage_on_a_gpu_and_the_stage_keeps_the_rest(mo
     stages.lap("forward")
     split = stages.split(decode_s=10.0)
     assert split["draft"] == pytest.approx(1.5e-3) and split["forward"] == pytest.approx(3e-3)  # not the paused 1.5
+
+
+def test_on_a_gpu_a_set_aside_span_is_timed_by_events_nothing_waits_for_until_it_is_read(monkeypatch):
+    """A model call holding a set-aside span: the call's events at 1.5 and 6 ms, the span's at 3 and 4.5 ms, so the
+    model time is 3 ms of the call's 4.5 and the 1.5 ms set aside fell in the prefill (the stages had not begun)."""
+    from sjd.decoders.base import ForwardClock
+
+    class OnGPU:
+        name, device = "fake", torch.device("cuda")
+
+        def timed_by(self, clock) -> None:
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    FakeEvent.clock, FakeEvent.waits = 0.0, 0
+    clock = ForwardClock(OnGPU())
+    clock.defer_finite_check = True
+
+    def call() -> Logits:
+        with clock.set_aside():
+            pass
+        return Logits(torch.zeros(1, 1, 3), None)
+
+    clock._timed(call)
+    assert FakeEvent.waits == 0
+    assert clock.aside_seconds() == {"prefill": pytest.approx(1.5e-3), "decode": 0.0, "in_calls": pytest.approx(1.5e-3)}
+    assert clock.model_s == pytest.approx(3e-3)
 
 
 # -- start-up checks ---------------------------------------------------------------------------------------------
