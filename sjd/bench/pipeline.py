@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -91,13 +91,15 @@ def bench_pipeline(batches: list[int], repeats: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def replaced_kernel_pipeline(kernels: Kernels, logits: Logits, positions, layout: ImageLayout, sampling):
+def replaced_kernel_pipeline(
+    kernels: Kernels, logits: Logits, positions: torch.Tensor, layout: ImageLayout, sampling: SamplingConfig
+) -> torch.Tensor:
     """Kernels.pipeline with the replaced pipeline in place of today's (no kernel of its own to compile)."""
     return replaced_pipeline.logits_to_probs(logits, positions, layout, sampling)
 
 
 @contextmanager
-def old_pipeline():
+def old_pipeline() -> Iterator[None]:
     """Patch the replaced pipeline and finite check in wherever the decoders reach them: the kernel set's pipeline
     (every window and AR step), the first position's distribution, and the finite check, immediate or deferred."""
     base = sjd.decoders.base
