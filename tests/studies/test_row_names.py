@@ -20,13 +20,15 @@ TABLE = pd.DataFrame(
     run_rows("forced", {"sjd_official": {"name": "sjd_official", "forced_drafts": True}, "ar": {"name": "ar"}})
     + run_rows("zipar8", {"zipar": {"name": "zipar", "context": 8}, "ar": {"name": "ar"}})
     + run_rows("as_named", {"zipar": {"name": "zipar", "context": 16}, "ar": {"name": "ar"}})
+    + run_rows("random_block", {"sjd_block": {"name": "sjd_block", "init": "random"}})
 )
 
 
 def test_each_rule_renames_its_runs_rows_and_leaves_every_number_in_its_row():
     out, changes = renamed(TABLE)
-    assert changes == ["forced: sjd_official -> sjd_official_forced", "zipar8: zipar -> zipar_c8"]
-    assert list(out.decoder) == ["sjd_official_forced", "ar", "zipar_c8", "ar", "zipar", "ar"]
+    assert changes == ["forced: sjd_official -> sjd_official_forced", "zipar8: zipar -> zipar_c8",
+                       "random_block: sjd_block -> sjd_random_block"]  # fmt: skip
+    assert list(out.decoder) == ["sjd_official_forced", "ar", "zipar_c8", "ar", "zipar", "ar", "sjd_random_block"]
     configs = json.loads(out.decoder_configs[0])
     assert configs["sjd_official_forced"] == {"name": "sjd_official_forced", "forced_drafts": True}
     assert set(json.loads(out.decoder_lossless[2])) == {"zipar_c8", "ar"}
@@ -40,7 +42,7 @@ def test_each_rule_renames_its_runs_rows_and_leaves_every_number_in_its_row():
 def test_a_file_is_rewritten_only_when_asked(tmp_path, capsys):
     path = tmp_path / "study.csv"
     TABLE.to_csv(path, index=False)
-    assert rename_files([path], write=False) and "2 run(s)" in capsys.readouterr().out
+    assert rename_files([path], write=False) and "3 run(s)" in capsys.readouterr().out
     assert pd.read_csv(path).decoder.tolist() == TABLE.decoder.tolist()
     assert rename_files([path], write=True)
     assert not rename_files([path], write=False)  # nothing left to rename
