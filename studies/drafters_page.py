@@ -38,18 +38,25 @@ from studies.calibration_page import (
     verdict_text,
 )
 from studies.goal_page import (
+    LATENCY_TEXT,
     POWERED_PAGE,
-    also_steps,
     audit_text,
+    best_judged,
     candidate_rows,
-    confirming_row,
-    deciding_column,
-    passing,
+    confirming_run,
+    faster_clause,
+    latency_heading,
     ratio_cells,
     ratio_text,
+    references_text,
+    step_over,
+    step_references,
+    steps_text,
     verdict_columns,
-    verdict_of,
 )
+from studies.latency_verdict import cell as judged_cell
+from studies.latency_verdict import judge, verdict
+from studies.latency_verdict import ratio_text as latency_text
 from studies.overlays import Goal
 from studies.tables import cell, latest_runs, markdown, with_interval
 
@@ -111,7 +118,8 @@ def calibrated_text(rows: pd.DataFrame, row: pd.Series, published: pd.DataFrame)
         f"latency efficiency (eager on an {cost_page.VALIDATION_GPU}, as page [cost_validation](cost_validation.md) "
         f"prices EAGLE) is {mine} against the published {pub['latency_speedup']:.2f}/"
         f"{pub['step_compression']:.2f} = {theirs:.2f}: {cost_page.verdict(lo, hi, theirs)} "
-        f"(band +-{cost_page.BAND:.2f}, decided by the interval)."
+        f"(band +-{cost_page.BAND:.2f}; decided by the cost model's eager engine at its nominal constants, over "
+        "prompts: page cost_validation gives its range over the constants)."
     )
     if cost_page.SJD in set(rows["decoder"]) and "decoder_ops_per_iter" in rows:
         other = cost_page.modelled_efficiency(rows, row["decoder"], cost_page.VALIDATION_GPU, "eager", cost_page.SJD)
@@ -183,48 +191,45 @@ def fe_cells(rows: pd.DataFrame, candidates: pd.DataFrame, reference: str, units
     return fe_over(rows, candidates, reference)
 
 
-def best_at(candidates: pd.DataFrame, window: int, reference: str) -> pd.Series | None:
-    """The passing candidate of this forward width with the highest ratio to `reference` on the deciding measure
-    (studies.goal_page.deciding_column), if any."""
-    column, _ = deciding_column(candidates, reference)
-    at = passing(candidates)
-    at = at[at["window"] == window] if len(at) else at
-    if at.empty or column not in at or at[column].isna().all():
-        return None
-    return at.loc[at[column].idxmax()]
-
-
-def goal_lines(candidates: pd.DataFrame, confirmations: list[pd.DataFrame], goal: Goal) -> list[str]:
-    """Each of the goal's targets (the 1.25x SJD-PAC goal at window 64) in this run, and where one is met, the
-    confirming run's verdict."""
+def goal_lines(
+    rows: pd.DataFrame, candidates: pd.DataFrame, confirmations: list[pd.DataFrame], goal: Goal
+) -> list[str]:
+    """Each of the goal's targets (the 1.25x window-64 goal, in latency over the faster of SJD-PAC and SCD) in this
+    run, and where one is met, the confirming run's verdict."""
     return [line for window, target in sorted(goal.targets.items())
-            for line in target_lines(candidates, confirmations, goal, window, target)]  # fmt: skip
+            for line in target_lines(rows, candidates, confirmations, goal, window, target)]  # fmt: skip
 
 
 def target_lines(
-    candidates: pd.DataFrame, confirmations: list[pd.DataFrame], goal: Goal, window: int, target: float
+    rows: pd.DataFrame,
+    candidates: pd.DataFrame,
+    confirmations: list[pd.DataFrame],
+    goal: Goal,
+    window: int,
+    target: float,
 ) -> list[str]:
-    reference = goal.reference(window)
-    column, measure = deciding_column(candidates, reference)
-    best = best_at(candidates, window, reference)
-    if best is None:
-        return [f"- Window {window}: no lossless candidate whose one-sample audit passes has a ratio to "
-                f"`{reference}`."]  # fmt: skip
-    verdict = verdict_of(best, column, target)
+    references = goal.latency_references(window)
+    found = best_judged(rows, candidates, window, references)
+    if found is None:
+        return [f"- Window {window}: no lossless candidate whose one-sample audit passes has a latency, measured "
+                f"or modelled, over {references_text(references)}."]  # fmt: skip
+    best, judged, _ = found
+    outcome = verdict(judged, target)
     spent = cell(best.get("drafter_forwards"), ".1f")
     spending = f"spending {spent} drafter forwards per image" if spent else "drafting without a drafter"
-    line = (f"- Window {window}: the best is `{best['decoder']}` at {ratio_text(best, column)} times "
-            f"`{reference}`'s {measure}{also_steps(best, column, reference)}, {spending}; in this run the "
-            f"{target}x target is {verdict}. "
+    line = (f"- Window {window}: the best is `{best['decoder']}` at {latency_text(judged)} times the latency of "
+            f"{references_text(references)}{faster_clause(judged)}, {spending}; "
+            f"{steps_text(rows, best, goal.reference(window))}. In this run the {target}x target is {outcome}. "
             f"Its {audit_text(best)}.")  # fmt: skip
-    if not verdict.startswith("met"):
+    if not outcome.startswith("met"):
         return [line]
-    again = confirming_row(best, confirmations)
-    if again is None:
+    run = confirming_run(best, confirmations)
+    if run is None:
         return [line + " It was picked among several by its point estimate, so the met is pending: no confirming "
                 f"run (`experiment={goal.confirming}`) of it on this model yet."]  # fmt: skip
-    return [line + f" Confirming run on fresh seeds and prompts: {ratio_text(again, column)}; the target is "
-            f"{verdict_of(again, column, target)}."]  # fmt: skip
+    again = judge(run, run[run["decoder"] == best["decoder"]].iloc[0], references)
+    return [line + f" Confirming run on fresh seeds and prompts: {latency_text(again)}; the target is "
+            f"{verdict(again, target)}."]  # fmt: skip
 
 
 def run_part(
@@ -247,23 +252,26 @@ def run_part(
             "decoder": candidates["decoder"],
             "width": candidates["window"],
             "step compression": ratio_cells(candidates, "step_compression", units),
-            **{f"over {ref}": ratio_cells(candidates, f"vs_{ref}", units) for ref in goal.references.values()},
+            **{
+                f"over {ref}": [step_over(rows, r, ref) for _, r in candidates.iterrows()]
+                for ref in step_references(goal)
+            },
             "drafter forwards per image": forwards,
             "drafter cost per forward": cost,
             **{
                 f"fe compression over {ref}": fe_cells(rows, candidates, ref, units) for ref in goal.references.values()
             },
             **{
-                f"modelled over {ref}": ratio_cells(candidates, f"modelled_vs_{ref}", units)
-                for ref in goal.references.values()
+                latency_heading(refs): [judged_cell(judge(rows, r, refs)) for _, r in candidates.iterrows()]
+                for refs in (goal.latency_references(w) for w in sorted(goal.references))
             },  # fmt: skip
             **verdict_columns(candidates),
         }
     )
-    lines += [markdown(table), "", "Against the published EAGLE over SJD (out of sample):", ""]
+    lines += [markdown(table), "", "Against the published EAGLE over SJD (out of sample; decided by steps):", ""]
     lines += out_of_sample_lines(rows, published, goal)
     lines += ["", "The goal in this run:", ""]
-    lines += goal_lines(candidates, confirmations, goal)
+    lines += goal_lines(rows, candidates, confirmations, goal)
     return [*lines, ""]
 
 
@@ -293,13 +301,11 @@ def drafters_section(
         f"target forwards plus its drafter forwards, each at the drafter's weight bytes over the target's for the "
         f"real architecture the stand-in stands for ({CHAMELEON_PRICE:.3f} of a forward for Chameleon-7B's drafter "
         f"with the full head; sjd/core/cost.py); with its interval over prompts "
-        f"(a point estimate for rows written before runs recorded it). `modelled over` a "
-        f"reference is the reference's modelled latency over the candidate's (Lumina-mGPT-7B on an H100, every "
-        f"forward a CUDA graph, drafter forwards and the decoder's own calls and syncs priced; "
-        f"sjd/harness/pricing.py, checked against the published latencies on page "
-        f"[cost_validation](cost_validation.md)), with its interval over "
-        f"prompts. The goal below is decided on it where the run has it, else on step compression (rows written "
-        f"before the cost model). A candidate counts when its one-sample audit passes and AR's control "
+        f"(a point estimate for rows written before runs recorded it). `latency over` a reference is the "
+        f"reference's latency over the candidate's, drafter forwards and the decoder's own calls and syncs priced. "
+        f"{LATENCY_TEXT} The goal below is in latency, at window 64 over the faster of SJD-PAC and SCD "
+        f"({references_text(goal.latency_references(64))}); step compression is shown, never decisive. "
+        f"A candidate counts when its one-sample audit passes and AR's control "
         f"passes; {regime.AUDITED_TEXT} `powered audit p` is the latest audit with power of a decoder with the "
         f"same settings, whatever its name, and the same weights (page [{POWERED_PAGE}]({POWERED_PAGE}.md)); "
         "where there is one its verdict decides `audited_lossless`.",
