@@ -27,7 +27,7 @@ class Goal:
     candidate's step compression is divided by, and the target that ratio must reach (none: the page shows the
     ratio and decides nothing there). A drafters page also names the decoders it reads against a published ratio
     (`checked`), those among them whose drafter was trained to land on that ratio (`calibrated`: a fit, whose
-    test is then its modelled latency efficiency against the published one), and the experiment whose runs
+    test is then its modelled latency speedup against the published one), and the experiment whose runs
     confirm a met on fresh prompts and seeds (`confirming`)."""
 
     references: dict[int, str]
