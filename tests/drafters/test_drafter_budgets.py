@@ -74,3 +74,25 @@ def test_the_target_is_the_published_eagle_over_sjd():
 def test_bad_search_settings_are_named_before_anything_trains(override, error):
     with pytest.raises(ValueError, match=error):
         search_config([override])
+
+
+def test_the_shipped_calibrated_drafter_is_a_budget_of_the_search_with_the_recipe_it_trains():
+    """The shipped calibrated drafter's record names one of conf/drafter_budgets.yaml's budgets, and the recipe the
+    search composes for that budget hashes to the record's recipe_sha: the search retrains that drafter's recipe."""
+    from pathlib import Path
+
+    from sjd.drafters.recipe import recipe_sha
+    from sjd.training.drafter import recipe_arguments
+    from sjd.training.drafter_budgets import train_overrides
+    from sjd.training.drafter_checks import compose
+
+    root = Path(__file__).resolve().parents[2]
+    record = json.loads(
+        (root / "sjd" / "assets" / "drafter_standin_lumina_512_cal_calibrated" / "drafter.json").read_text()
+    )
+    cfg = search_config([])
+    budget = [record["recipe"]["data"]["n_images"], record["recipe"]["train"]["epochs"]]
+    assert budget in cfg.budgets and budget == [128, 3]
+    composed = compose(train_overrides(cfg, *budget))
+    assert recipe_sha(recipe_arguments(composed)) == record["recipe_sha"]
+    assert record_matches(pd.Series({"images": 128, "epochs": 3, "recipe_sha": record["recipe_sha"]}), record) == []
