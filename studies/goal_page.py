@@ -40,7 +40,7 @@ from studies.latency_verdict import RANGE_TEXT, Judged, bounds, combined, faster
 from studies.latency_verdict import cell as judged_cell
 from studies.latency_verdict import ratio_text as latency_text
 from studies.overlays import Goal
-from studies.tables import cell, latest_runs, markdown, with_interval
+from studies.tables import NO_HASH, cell, latest_runs, markdown, with_interval
 
 POWERED_PAGE = "audit_powered"  # results/studies/<this>.csv holds the audits with power
 # a powered audit's audited_lossless flag, in words
@@ -98,6 +98,7 @@ def candidate_rows(rows: pd.DataFrame, goal: Goal, powered: pd.DataFrame | None 
     keep["powered_p"] = [a["tf_p"] if a else np.nan for a in audits]
     keep["powered_tokens"] = [a["tf_n_tokens"] if a else np.nan for a in audits]
     keep["powered_experiment"] = [a["experiment"] if a else None for a in audits]
+    keep["powered_weights"] = [regime.weights_match_text(a) if a else None for a in audits]  # hashed, or no hash
     return keep
 
 
@@ -118,11 +119,17 @@ def audit_text(row: pd.Series) -> str:
     if np.isfinite(row.get("powered_p", np.nan)):
         outcome = POWERED_OUTCOME[row["audited_lossless"]]
         return (f"one-sample p = {row['powered_p']:.3g} on {int(row['powered_tokens'])} tokens in "
-                f"`experiment={row['powered_experiment']}`, {outcome}")  # fmt: skip
+                f"`experiment={row['powered_experiment']}`{weights_note(row['powered_weights'])}, "
+                f"{outcome}")  # fmt: skip
     if not np.isfinite(p):
         return "no one-sample audit"
     power = "with power" if row["audited_lossless"] is True else f"without power (needs {needed:.0f} tokens)"
     return f"one-sample p = {p:.3g} on {int(n)} tokens, {power}"
+
+
+def weights_note(match: str) -> str:
+    """Nothing where a powered audit's weights matched the run's by hash; else `(same weights: n/a: no hash)`."""
+    return "" if match == "hashed" else f" (same weights: {NO_HASH})"
 
 
 def passing(candidates: pd.DataFrame) -> pd.DataFrame:
@@ -305,8 +312,8 @@ def verdict_columns(candidates: pd.DataFrame) -> dict[str, list[str]]:
         "one-code commits": [cell(single_code_share(h), ".0%") for h in candidates.get("accept_hist", missing)],
         "one-sample p": [cell(p, ".3g") for p in candidates.get("tf_p", missing)],
         "powered audit p (tokens)": [
-            f"{p:.3g} ({int(n)})" if np.isfinite(p) else "-"
-            for p, n in zip(candidates["powered_p"], candidates["powered_tokens"])
+            f"{p:.3g} ({int(n)}{'' if w == 'hashed' else f'; {NO_HASH}'})" if np.isfinite(p) else "-"
+            for p, n, w in zip(candidates["powered_p"], candidates["powered_tokens"], candidates["powered_weights"])
         ],
         "audited_lossless": [regime.flag_text(v) for v in candidates["audited_lossless"]],
     }
@@ -431,7 +438,9 @@ def goal_section(
         "A candidate counts when its one-sample audit passes (p > "
         f"{regime.TF_ALPHA:g}) and AR's control passes; {regime.AUDITED_TEXT} The goal run's own audit is "
         f"far below power; `powered audit p` is the latest audit with power of a decoder with the same settings "
-        f"(whatever its name) on the same model (page [{POWERED_PAGE}]({POWERED_PAGE}.md)), and where there is "
+        f"(whatever its name) on the same model (page [{POWERED_PAGE}]({POWERED_PAGE}.md); `{NO_HASH}` beside it "
+        "where a row predates the hashes of the weights runs loaded, so the same weights rest on the stand-in's "
+        "recorded training hash or the model's name), and where there is "
         "one its verdict decides `audited_lossless`. `one-code commits` is the share of the candidate's forwards "
         "that committed a single code: mostly forwards whose first draft was rejected with no sibling to catch the "
         "residual (the one-code steps a schedule takes by design count too).",

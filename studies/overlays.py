@@ -28,7 +28,7 @@ class Goal:
     must reach (none: the page shows the ratio and decides nothing there); `faster_of` names, by window, further
     references the target is read against, the faster of them all (studies.latency_verdict). A drafters page also
     names the decoders it reads against a published ratio (`checked`), those among them whose drafter was trained
-    to land on that ratio (`calibrated`: a fit, whose test is then its modelled latency efficiency against the
+    to land on that ratio (`calibrated`: a fit, whose test is then its modelled latency speedup against the
     published one), and the experiment whose runs confirm a met on fresh prompts and seeds (`confirming`)."""
 
     references: dict[int, str]

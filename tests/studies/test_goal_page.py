@@ -162,8 +162,9 @@ def test_the_latest_run_counts_and_the_calibration_of_its_stand_in_is_stated():
 
 def test_a_powered_audit_of_the_same_decoder_and_settings_decides_audited_lossless():
     text = section(run_rows(), powered_rows("csjd_pac_w64", 0.42))
-    assert "| 0.7 | 0.42 (458752) | True |" in text
-    assert "one-sample p = 0.42 on 458752 tokens in `experiment=audit_powered_w64`, with power" in text
+    assert "| 0.7 | 0.42 (458752; n/a: no hash) | True |" in text
+    assert ("one-sample p = 0.42 on 458752 tokens in `experiment=audit_powered_w64` (same weights: n/a: no hash), "
+            "with power") in text  # fmt: skip
     # where the best passing candidate is not the one audited with power, the audited one is named too
     text = section(run_rows(), powered_rows("csjd_official", 0.42, window=16))
     assert "Window 16: the best is `csjd_official` at 2.10 [" in text
@@ -179,18 +180,18 @@ def test_a_powered_audit_of_the_same_decoder_and_settings_decides_audited_lossle
         "The best audited with power is `csjd_official` at 2.10 [1.99-2.21; eager 2.10, compiled 2.10, graphed "
         "2.10]; the target is missed over the model's whole range (every engine and constant, and the prompts); "
         "decided by the cost model over its range. Its one-sample p = 0.42 on 458752 tokens in "
-        "`experiment=audit_powered_w64`, with power."
+        "`experiment=audit_powered_w64` (same weights: n/a: no hash), with power."
     ) in text
     # another window is another decoder: its audit backs nothing here
     text = section(run_rows(), powered_rows("csjd_pac_w64", 0.42, window=16))
     assert "| 0.7 | - | unknown |" in text
     # a powered audit that rejects the decoder takes it out of the goal, though its own small audit passed
     text = section(run_rows(), powered_rows("csjd_pac_w64", 1e-5))
-    assert "| 0.7 | 1e-05 (458752) | False |" in text
+    assert "| 0.7 | 1e-05 (458752; n/a: no hash) | False |" in text
     assert "Window 64: no lossless candidate whose one-sample audit passes" in text
     # too few tokens: the small run's own verdict stands
     text = section(run_rows(), powered_rows("csjd_pac_w64", 0.42, tokens=100_000))
-    assert "| 0.7 | 0.42 (100000) | unknown |" in text
+    assert "| 0.7 | 0.42 (100000; n/a: no hash) | unknown |" in text
 
 
 def test_a_wider_window_says_whether_the_window_limits():
@@ -258,7 +259,7 @@ def test_a_powered_audit_is_matched_by_settings_whatever_either_run_named_the_de
 
     renamed = powered_rows("csjd_pac_w64", 0.42, name="csjd_pac")
     text = section(run_rows(), renamed)
-    assert "| 0.7 | 0.42 (458752) | True |" in text
+    assert "| 0.7 | 0.42 (458752; n/a: no hash) | True |" in text
     other = powered_rows("csjd_pac_w64", 0.42, name="csjd_pac")
     configs = json.loads(other["decoder_configs"].iloc[0])
     configs["csjd_pac"]["coupling"] = "gumbel"  # one setting that changes the samples
@@ -284,7 +285,7 @@ def test_a_powered_audit_counts_only_for_the_same_weights():
     def audit_of(**columns) -> dict | None:
         return regime.powered_audit(powered_rows("csjd_pac_w64", 0.42).assign(**columns), run, "csjd_pac_w64", config)
 
-    assert audit_of(**loaded) is not None
+    assert audit_of(**loaded) is not None and audit_of(**loaded)["weights_hashed"] is True
     assert audit_of(weights_sha=json.dumps({"model": "bbbb", "csjd_pac_w64": "dddd"})) is None  # other model weights
     assert audit_of(weights_sha=json.dumps({"model": "aaaa", "csjd_pac_w64": "eeee"})) is None  # another drafter
     assert audit_of(**loaded, model="standin_lumina_768_cal") is not None  # the weights decide, not the name
@@ -292,7 +293,8 @@ def test_a_powered_audit_counts_only_for_the_same_weights():
     recorded = {"model_training": json.dumps({"weights_sha": "d181"})}
     old_run = run_rows().iloc[0].to_dict() | recorded
     old = powered_rows("csjd_pac_w64", 0.42)
-    assert regime.powered_audit(old.assign(**recorded), old_run, "csjd_pac_w64", config) is not None
+    by_record = regime.powered_audit(old.assign(**recorded), old_run, "csjd_pac_w64", config)
+    assert by_record is not None and by_record["weights_hashed"] is False  # a page shows n/a: no hash beside it
     assert regime.powered_audit(old.assign(model_training=json.dumps({"weights_sha": "0000"})), old_run,
                                 "csjd_pac_w64", config) is None  # fmt: skip
     assert regime.powered_audit(old.assign(**recorded, model="toy"), old_run, "csjd_pac_w64", config) is None
