@@ -15,7 +15,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from studies.goal_page import POWERED_PAGE  # noqa: E402
-from studies.regime import audit_verdict, flag_text  # noqa: E402
+from studies.regime import audit_verdict, flag_text, weights_match_text  # noqa: E402
+from studies.tables import NO_HASH  # noqa: E402
 
 Z95 = 1.96
 
@@ -125,11 +126,14 @@ def powered_lines(rows: pd.DataFrame, powered: pd.DataFrame | None) -> list[str]
             continue
         lines.append(
             f"- `{own['decoder']}`: `audited_lossless` {flag_text(flag)} by the audit with power of "
-            f"`{audit['command']}` (as `{audit['decoder']}`): one-sample p {audit['tf_p']:.3g} on "
+            f"`{audit['command']}` (as `{audit['decoder']}`; same weights: {weights_match_text(audit)}): one-sample p "
+            f"{audit['tf_p']:.3g} on "
             f"{int(audit['tf_n_tokens']):,} tokens ({int(audit['tf_tokens_needed']):,} needed), excess "
             f"{audit['tf_excess_nats']:+.4f} nats/token, AR's control p {audit['tf_control_p']:.3g}."
         )
     if not lines:
         return []
     return [f"Audits with power of this run's lossless decoders (same settings and weights; page "
-            f"[{POWERED_PAGE}]({POWERED_PAGE}.md)):", "", *lines, ""]  # fmt: skip
+            f"[{POWERED_PAGE}]({POWERED_PAGE}.md)). Same weights `hashed`: both runs' rows carry the hash of the "
+            f"networks they loaded; `{NO_HASH}`: a row predates those hashes, and the weights were matched by the "
+            "stand-in's recorded training hash, or else the model's name:", "", *lines, ""]  # fmt: skip

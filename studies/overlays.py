@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -24,20 +24,26 @@ FIGURES = {  # figure -> the columns its rows need
 @dataclass(frozen=True)
 class Goal:
     """What a goal page decides, from its overlay's `study.goal` block: at each window, the reference decoder a
-    candidate's step compression is divided by, and the target that ratio must reach (none: the page shows the
-    ratio and decides nothing there). A drafters page also names the decoders it reads against a published ratio
-    (`checked`), those among them whose drafter was trained to land on that ratio (`calibrated`: a fit, whose
-    test is then its modelled latency efficiency against the published one), and the experiment whose runs
-    confirm a met on fresh prompts and seeds (`confirming`)."""
+    candidate's step compression (shown) and latency (decisive) are divided by, and the target its latency ratio
+    must reach (none: the page shows the ratio and decides nothing there); `faster_of` names, by window, further
+    references the target is read against, the faster of them all (studies.latency_verdict). A drafters page also
+    names the decoders it reads against a published ratio (`checked`), those among them whose drafter was trained
+    to land on that ratio (`calibrated`: a fit, whose test is then its modelled latency speedup against the
+    published one), and the experiment whose runs confirm a met on fresh prompts and seeds (`confirming`)."""
 
     references: dict[int, str]
     targets: dict[int, float]
     checked: tuple[str, ...] = ()
     confirming: str | None = None
     calibrated: tuple[str, ...] = ()
+    faster_of: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def reference(self, window: int) -> str:
         return self.references[window]
+
+    def latency_references(self, window: int) -> tuple[str, ...]:
+        """The decoders a latency target at `window` is read against: its reference and the `faster_of` ones."""
+        return (self.references[window], *self.faster_of.get(window, ()))
 
 
 @dataclass
@@ -65,7 +71,12 @@ def read_goal(block, where: str) -> Goal:
     checked, calibrated = tuple(goal.get("checked") or ()), tuple(goal.get("calibrated") or ())
     if set(calibrated) - set(checked):
         raise ValueError(f"{where}.goal.calibrated names {sorted(set(calibrated) - set(checked))}, not in checked")
-    return Goal(references, targets, checked, goal.get("confirming"), calibrated)
+    faster_of = {int(w): tuple(str(d) for d in (v if isinstance(v, list) else [v]))
+                 for w, v in (goal.get("faster_of") or {}).items()}  # fmt: skip
+    if set(faster_of) - set(references):
+        unknown = sorted(set(faster_of) - set(references))
+        raise ValueError(f"{where}.goal.faster_of at windows {unknown} has no reference")
+    return Goal(references, targets, checked, goal.get("confirming"), calibrated, faster_of)
 
 
 def load_studies(conf_dir: Path) -> dict[str, list[Study]]:

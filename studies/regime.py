@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from sjd.audit.teacher_forced import ALPHA as TF_ALPHA
+from studies.tables import NO_HASH
 
 REGIME_COLUMNS = [
     "model", "entropy_nats", "decoder", "schedule", "window",
@@ -57,9 +58,8 @@ FORCED = "_forced"
 OFFICIAL_REFERENCES = (OFFICIAL_SJD, OFFICIAL_SJD + FORCED)
 AUDIT_ALPHA = 0.01
 
-SJD_PUBLISHED = 2.22  # SJD's step compression on Lumina-mGPT 7B (results/paper/published.csv, sjd_lumina_coco5k)
 # (anchor, our decoder, its window, our reference decoder, its window, published (table, method) of each)
-SJD_ROW = ("sjd_lumina_coco5k", "sjd")
+SJD_ROW = ("sjd_lumina_coco5k", "sjd")  # SJD's step compression on Lumina-mGPT 7B: the goal's model is nearest it
 ANCHORS = [
     ("SJD over AR", OFFICIAL_SJD, 16, "ar", None, SJD_ROW, ("sjd_lumina_coco5k", "ar")),
     ("SCD over SJD", "scd_official", 64, OFFICIAL_SJD, 16, ("scd_lumina_coco5k", "scd_gumbel"), SJD_ROW),
@@ -74,6 +74,12 @@ def _record(value) -> dict:
     return json.loads(value) if isinstance(value, str) and value.startswith("{") else {}
 
 
+def weights_hashed(a: Mapping, b: Mapping) -> bool:
+    """Whether both results rows carry the hash of the networks their runs loaded (`weights_sha`); where one does
+    not, same_weights falls back to weaker identities, and a page citing the match shows tables.NO_HASH."""
+    return bool(_record(a.get("weights_sha")) and _record(b.get("weights_sha")))
+
+
 def same_weights(a: Mapping, b: Mapping, decoder_a: str, decoder_b: str | None = None) -> bool:
     """Whether two results rows decoded with the same weights (`decoder_a` in row a, `decoder_b` in row b, the
     same name by default), by the strongest identity both carry: the hash of the networks each run loaded
@@ -81,7 +87,7 @@ def same_weights(a: Mapping, b: Mapping, decoder_a: str, decoder_b: str | None =
     stand-in's recorded weights hash (`model_training`); else the model's name."""
     decoder_b = decoder_b or decoder_a
     loaded_a, loaded_b = _record(a.get("weights_sha")), _record(b.get("weights_sha"))
-    if loaded_a and loaded_b:
+    if weights_hashed(a, b):
         return (loaded_a.get("model"), loaded_a.get(decoder_a)) == (loaded_b.get("model"), loaded_b.get(decoder_b))
     if a.get("model") != b.get("model"):
         return False
@@ -109,7 +115,8 @@ def sample_settings(config: Mapping) -> dict:
 def powered_audit(powered: pd.DataFrame | None, run: Mapping, decoder: str, config: Mapping) -> dict | None:
     """The latest audit with power (results/studies/audit_powered.csv) of a decoder with the settings of
     `config` (sample_settings: whatever name either run gave it), the same weights (same_weights) and the same
-    sampling as `decoder` in the run row `run`, or None."""
+    sampling as `decoder` in the run row `run`, or None. Its `weights_hashed` says whether the weights matched by
+    both runs' hashes (weights_hashed) or, without one, by a weaker identity."""
     if powered is None or powered.empty:
         return None
     wanted, sampling = sample_settings(config), run.get("sampling")
@@ -119,8 +126,14 @@ def powered_audit(powered: pd.DataFrame | None, run: Mapping, decoder: str, conf
             continue
         theirs = json.loads(row["decoder_configs"]).get(row["decoder"])
         if theirs is not None and sample_settings(theirs) == wanted and same_weights(row, run, row["decoder"], decoder):
-            matches.append(row)
+            matches.append(row | {"weights_hashed": weights_hashed(row, run)})
     return matches[-1] if matches else None
+
+
+def weights_match_text(audit: Mapping) -> str:
+    """How a powered audit's weights were matched to the run's, as a page cites it: `hashed`, or tables.NO_HASH
+    where a row predates the hashes (the match then rests on a stand-in's recorded training hash or the name)."""
+    return "hashed" if audit.get("weights_hashed") else NO_HASH
 
 
 def audit_verdict(own: Mapping, config: Mapping, powered: pd.DataFrame | None, run: Mapping) -> tuple:
@@ -300,11 +313,10 @@ def ratio_interval(ratio: float, relative_ses: list[float], z: float = 1.959964)
     return ratio - spread, ratio + spread
 
 
-def goal(
-    table: pd.DataFrame, window: int = 16, target: float = SJD_PUBLISHED, schedule: str | None = None
-) -> dict | None:
+def goal(table: pd.DataFrame, target: float, window: int = 16, schedule: str | None = None) -> dict | None:
     """On the model whose official SJD at `window` compresses closest to `target` (SJD's published
-    step compression), the audited lossless decoder with the highest step compression at that window
+    step compression, published_compression(published, SJD_ROW)), the audited lossless decoder with the highest
+    step compression at that window
     (on `schedule` only, if given). Where none is audited with power, the one among the lossless
     decoders whose one-sample audit passes without power, marked `audited: False`."""
     sjd = official_sjd_rows(table, window)

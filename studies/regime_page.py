@@ -109,10 +109,12 @@ def anchor_section(table: pd.DataFrame) -> list[str]:
 
 def goal_section(table: pd.DataFrame) -> list[str]:
     """The best audited lossless decoder against both SJDs, overall and on the official schedule."""
-    lines = ["## Twice official SJD, losslessly", ""]
+    lines = ["## Twice official SJD, losslessly", "",
+             "Decided by steps: this goal is step compression over each SJD's, not latency.", ""]  # fmt: skip
     shown_decoders = set()
+    published_sjd = regime.published_compression(pd.read_csv(PUBLISHED), regime.SJD_ROW)
     for schedule in (None, "official"):
-        best = regime.goal(table, schedule=schedule)
+        best = regime.goal(table, published_sjd, schedule=schedule)
         among = "" if schedule is None else " among the decoders on the official schedule"
         if best is None:
             lines += ["No run has official-schedule SJD at window 16.", ""]
@@ -123,11 +125,11 @@ def goal_section(table: pd.DataFrame) -> list[str]:
         if best["decoder"] is None:
             lines += [regime.not_audited_text(best["model"], among, table), ""]
             continue
-        lines += [goal_sentence(best, among), ""]
+        lines += [goal_sentence(best, among, published_sjd), ""]
     return lines
 
 
-def goal_sentence(best: dict, among: str) -> str:
+def goal_sentence(best: dict, among: str, published_sjd: float) -> str:
     """The goal's decoder and its ratios with their intervals, then, against each SJD, a verdict the
     interval supports: above or below where it excludes 1, not distinguishable where it does not."""
 
@@ -144,7 +146,7 @@ def goal_sentence(best: dict, among: str) -> str:
                   "exactness at this size is claimed, not audited")  # fmt: skip
     text = (
         f"On `{best['model']}`, the model whose official-schedule SJD at window 16 compresses closest to the "
-        f"published {regime.SJD_PUBLISHED:.2f}x, {which} `{best['decoder']}`: {ratio('vs_official_sjd', 'x')} "
+        f"published {published_sjd:.2f}x, {which} `{best['decoder']}`: {ratio('vs_official_sjd', 'x')} "
         f"official-schedule SJD's step compression (target 2x) and {ratio('vs_harness_sjd', 'x')} "
         "harness-schedule SJD's (target 1.5x); "
         f"latency speedup {ratio('latency_speedup')} and efficiency {ratio('efficiency')} over AR; {audit}."

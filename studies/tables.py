@@ -43,6 +43,7 @@ INTERVALS = {
     for c in ("step_compression", "latency_speedup", "efficiency", "fe_compression", "modelled_speedup")
 }
 NO_INTERVAL = "n/a: rerun"  # a row written before runs recorded intervals
+NO_HASH = "n/a: no hash"  # a row written before runs hashed the networks they loaded (`weights_sha`)
 ONE_PROMPT = "n/a: one prompt"  # a run of one prompt (its seeds are one unit): no spread over prompts to measure
 ONE_BATCH = "n/a: one timed batch"  # a latency ratio of a run timed in one batch: no spread of timings to measure
 # Ratios whose interval resamples timed batches (`latency_units` of them), not prompts.
@@ -196,6 +197,7 @@ def describe_run(rows: pd.DataFrame) -> str:
         f"prompts `{first['prompt_set']}` ({first['prompt_selection']}), {seeds} seed(s) each",
         f"batch size {first['batch_size']}",
         f"device `{first['device']}`",
+        weights_text(rows),
     ]
     parts.append(machine_load(rows))
     parts.append(wall_time(rows))
@@ -205,6 +207,20 @@ def describe_run(rows: pd.DataFrame) -> str:
             f"(noise floor of audit TV) {first['audit_noise_tv']:.3f}"
         )
     return "; ".join(parts) + "."
+
+
+def weights_text(rows: pd.DataFrame) -> str:
+    """The sha256 prefixes of the networks the run loaded (`weights_sha`: the model's and each decoder's own, a
+    hash with the names that loaded it), or NO_HASH for rows written before runs hashed them."""
+    loaded: dict[str, list[str]] = {}
+    for value in rows["weights_sha"].dropna() if "weights_sha" in rows else []:
+        record = json.loads(value)
+        for name, sha in sorted(record.items(), key=lambda item: item[0] != "model"):  # the model's first
+            names = loaded.setdefault(sha, [])
+            names += [name] if name not in names else []
+    if not loaded:
+        return f"weights {NO_HASH}"
+    return "weights " + ", ".join(f"`{sha}` ({', '.join(names)})" for sha, names in loaded.items())
 
 
 def wall_time(rows: pd.DataFrame) -> str:

@@ -2,7 +2,7 @@
 roofline time from a GPU's datasheet. Pure arithmetic, no torch model: a decode's counts (forwards, their widths
 and contexts, drafter forwards, host syncs) priced as the real architecture a run stands for.
 
-    time = max(bytes / bandwidth, FLOPs / peak) + launches * launch_s
+    time = max(bytes / (bandwidth * reached), FLOPs / (peak * reached)) + launches * launch_s
 
 Bytes are the weights a forward reads once (every layer, and the LM head's rows the pipeline keeps; an embedding
 is a gather, not a read of its table) plus the KV cache every row reads at its context. FLOPs are 2 per weight
@@ -11,14 +11,23 @@ the forward (FORWARD_OPS_FIXED + FORWARD_OPS_PER_LAYER a layer, eager) or one gr
 
 A whole decode (`decode_seconds`) adds its drafter forwards and the decoder's own operator calls and host syncs
 outside the forwards. What each costs depends on the engine (ENGINES): `eager` is PyTorch eager as the published
-code and our adapters run it, its host time per operator call fitted once on a measured GPU forward (EAGER_OP_S);
-`graphed` replays each forward as one CUDA graph and pays the decoder's own calls at a datasheet-like launch cost.
+code and our adapters run it, a host time per operator call (EAGER_OP_S); `compiled` is compile=true as our GPU
+run measured it (compiled kernels, no CUDA graphs), a host time per forward as a whole (COMPILED_FORWARD_S);
+`graphed` replays each forward as one CUDA graph and pays the decoder's own calls at a launch cost (LAUNCH_S), an
+assumption no GPU run of ours has measured.
+
+The datasheet figures (GPUS) are facts; what a run reaches of them is not. The constants fitted on our own GPU
+timings (EAGER_OP_S, PEAK_REACHED, COMPILED_FORWARD_S) come from `fit_constants` in sjd/core/cost_fit.py over
+results/gpu_forward_latency.csv, which tests/studies/test_cost_fit.py recomputes. The others are assumptions, each
+with the range a verdict must hold over (RANGES, `corners`): the bandwidth reached, the launch and sync costs, and
+the eager call's cost between what each fitted timing alone implies.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -93,15 +102,23 @@ def draft_heads(target: Architecture, heads: int, head_rows: int | None = None) 
                         target.kv_heads, rows + blocks_as_rows)  # fmt: skip
 
 
+# The share of the datasheet's bf16 peak a forward's matmuls reach at these shapes (a window of 64 at batch 1 with
+# CFG multiplies 128 token rows): fitted on the H200's forwards over windows 1 to 64 (sjd/core/cost_fit.py). The
+# datasheet peak alone priced an eager window-64 forward 0.4% above window 1 where the measured one grew 6 to 17%.
+PEAK_REACHED = 0.39
+
+
 @dataclass(frozen=True)
 class GPU:
-    """A GPU's datasheet figures, and the cost of a host sync on it (an assumption, to be varied)."""
+    """A GPU's datasheet figures, what a forward reaches of them, and the cost of a host sync on it."""
 
     name: str
-    bandwidth: float  # bytes/s, memory
-    peak: float  # FLOP/s, dense bf16
-    sync_s: float  # one host read of a device value: the stream drains
+    bandwidth: float  # bytes/s, memory (datasheet)
+    peak: float  # FLOP/s, dense bf16 (datasheet)
+    sync_s: float  # one host read of a device value: the stream drains (an assumption, SYNC_S_RANGE)
     source: str
+    bandwidth_reached: float = 1.0  # share of the datasheet bandwidth a forward's reads reach (BANDWIDTH_REACHED)
+    peak_reached: float = PEAK_REACHED  # share of the datasheet peak its matmuls reach (fitted)
 
 
 SYNC_S = 20e-6  # a sync: tens of microseconds
@@ -144,20 +161,14 @@ def forward_cost(
 
 
 def roofline_seconds(cost: ForwardCost, gpu: GPU) -> float:
-    """The time the device needs for one forward: its bytes at the bandwidth or its FLOPs at the peak."""
-    return max(cost.bytes / gpu.bandwidth, cost.flops / gpu.peak)
+    """The time the device needs for one forward: its bytes at the bandwidth it reaches or its FLOPs at the peak
+    it reaches."""
+    return max(cost.bytes / (gpu.bandwidth * gpu.bandwidth_reached), cost.flops / (gpu.peak * gpu.peak_reached))
 
 
 def forward_seconds(cost: ForwardCost, gpu: GPU, op_s: float) -> float:
     """The roofline time of one forward plus its launches at `op_s` each (the engine's, ENGINES)."""
     return roofline_seconds(cost, gpu) + cost.launches * op_s
-
-
-def fit_op_seconds(measured_s: float, arch: Architecture, gpu: GPU, rows: int, width: int, context: int) -> float:
-    """The host time of one operator call that makes an eager forward's modelled time equal `measured_s`:
-    (measured - roofline) / the forward's operator calls."""
-    cost = forward_cost(arch, rows, width, context)
-    return (measured_s - roofline_seconds(cost, gpu)) / cost.launches
 
 
 @dataclass(frozen=True)
@@ -168,18 +179,73 @@ class Engine:
     graphed: bool  # a forward is one CUDA graph replay
     op_s: float  # host time of one operator call (a forward's, when not graphed, and the decoder's own)
     source: str
+    forward_s: float | None = None  # a forward's host time as a whole, where fitted so (compiled), not per call
+    kernels: str = "eager"  # the decoder's calls it pays, as results/syncs.csv counted them: eager or compiled
 
 
-# Fitted once: Lumina-mGPT-7B's eager forward of one token at context 2293, batch 1 with CFG, measured at
-# 28.02 ms on an H200 (results/gpu_forward_latency.csv, `scripts/gpu_smoke.sh`), less its roofline, over its
-# 2,105 operator calls. tests/core/test_cost.py recomputes it from that row.
-EAGER_OP_S = 11.74e-6
+def engine_forward_seconds(cost: ForwardCost, gpu: GPU, engine: Engine) -> float:
+    """One forward on `engine`: its roofline time plus its host time (its calls at `op_s`, one replay when graphed,
+    or the engine's fitted time a forward)."""
+    if engine.forward_s is not None and not engine.graphed:
+        return roofline_seconds(cost, gpu) + engine.forward_s
+    return forward_seconds(cost, gpu, engine.op_s)
+
+
+# Fitted on our own H200 timings of Lumina-mGPT-7B and Anole-7B (results/gpu_forward_latency.csv,
+# `scripts/gpu_smoke.sh`) by sjd/core/cost_fit.py: the eager forwards over windows 1 to 64 and the eager AR decodes
+# (EAGER_OP_S, PEAK_REACHED), the compiled AR decode (COMPILED_FORWARD_S); the SJD decodes are held out.
+# tests/studies/test_cost_fit.py recomputes them from those rows.
+EAGER_OP_S = 12.91e-6
+COMPILED_FORWARD_S = 9.398e-3
 LAUNCH_S = 5e-6  # one kernel launch from a tight host loop: several microseconds
 ENGINES = {
-    "eager": Engine("eager", False, EAGER_OP_S, "fitted on the H200 eager forward of results/gpu_forward_latency.csv"),
+    "eager": Engine("eager", False, EAGER_OP_S, "fitted on our H200 eager forwards and AR decodes"),
+    "compiled": Engine(
+        "compiled",
+        False,
+        LAUNCH_S,
+        "fitted on our H200 compiled AR decode, no CUDA graphs",
+        COMPILED_FORWARD_S,
+        "compiled",
+    ),
     "graphed": Engine("graphed", True, LAUNCH_S, "assumed: each forward one graph replay, decoder calls launched"),
 }
 DEFAULT_ENGINE = "graphed"
+
+# The plausible range of each constant a verdict must hold over (`corners`): the share of the datasheet bandwidth a
+# forward reaches, a launch and a host sync (orders of magnitude: several microseconds, tens of microseconds), and
+# an eager call between what the fitted timings imply one by one (EAGER_OP_S_RANGE, sjd/core/cost_fit.py).
+BANDWIDTH_REACHED = (0.7, 1.0)
+LAUNCH_S_RANGE = (2e-6, 10e-6)
+SYNC_S_RANGE = (10e-6, 50e-6)
+EAGER_OP_S_RANGE = (11.74e-6, 18.74e-6)
+
+
+@dataclass(frozen=True)
+class Corner:
+    """One corner of the constants' plausible range: an engine with its call cost, a GPU with its bandwidth reached
+    and its sync cost."""
+
+    engine: Engine
+    gpu: GPU
+
+    @property
+    def label(self) -> str:
+        call = "op" if self.engine.name == "eager" else "launch"
+        return (f"{self.engine.name}, bandwidth x{self.gpu.bandwidth_reached:g}, {call} "
+                f"{self.engine.op_s * 1e6:.3g} us, sync {self.gpu.sync_s * 1e6:.3g} us")  # fmt: skip
+
+
+def corners(gpu: GPU, engines: Sequence[str] = tuple(ENGINES)) -> list[Corner]:
+    """Every corner of the plausible range on `gpu`, per engine: bandwidth reached x call cost x sync cost (a
+    modelled time is affine in each, so a ratio of two is extreme at the corners)."""
+    out = []
+    for name in engines:
+        engine = ENGINES[name]
+        calls = EAGER_OP_S_RANGE if name == "eager" else LAUNCH_S_RANGE
+        for reached, op_s, sync_s in itertools.product(BANDWIDTH_REACHED, calls, SYNC_S_RANGE):
+            out.append(Corner(replace(engine, op_s=op_s), replace(gpu, bandwidth_reached=reached, sync_s=sync_s)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -219,9 +285,8 @@ def decode_seconds(
     every forward is bound by bytes (or every one by FLOPs): both grow linearly in the context. The prompt's
     tokens are left out of the contexts."""
     width = max(int(round(counts.width)), 1)
-    target_s = forward_seconds(
-        forward_cost(target, rows, width, counts.context, dtype, engine.graphed), gpu, engine.op_s
-    )
+    cost = forward_cost(target, rows, width, counts.context, dtype, engine.graphed)
+    target_s = engine_forward_seconds(cost, gpu, engine)
     seconds = counts.forwards * (target_s + counts.decoder_ops * engine.op_s + counts.syncs * gpu.sync_s)
     if counts.drafter_forwards:
         if drafter is None:

@@ -7,9 +7,10 @@ talks to the model only through the adapter protocol (sjd.models.base).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 
 import torch
@@ -34,6 +35,9 @@ class DecodeResult:
     # per row: mean entropy (nats) of the sampling distribution over code positions, where the decoder
     # measures it (AR does); None elsewhere
     entropy_nats: list[float] | None = None
+    # seconds of work the adapter set aside as not the timed model's (a shadowed run's stand-in calls:
+    # ForwardClock.set_aside), already left out of prefill_s, decode_s, model_s and stage_s
+    set_aside_s: float = 0.0
 
     @property
     def latency_s(self) -> float:
@@ -85,7 +89,11 @@ class ForwardClock:
     Every forward's logits are checked for NaN/inf. By default the check reads its flag at once (one sync a
     forward); a decoder that reads a per-row count after every forward anyway sets `defer_finite_check` and
     reads its counts through `read`, which brings the flags of every forward since the last read to the host
-    in the same copy: one sync for both."""
+    in the same copy: one sync for both.
+
+    The clock tells the adapter it times it (`ModelAdapter.timed_by`). An adapter whose calls hold work that is not
+    the timed model's (a shadowed run's stand-in, sjd/models/shadow.py) runs that work inside `set_aside`, which
+    leaves it out of prefill_s, decode_s, model_s and the stages and reports it as set_aside_s."""
 
     def __init__(self, adapter: ModelAdapter) -> None:
         self.adapter = adapter
@@ -96,6 +104,10 @@ class ForwardClock:
         self.stages = StageClock(adapter.device)
         self.defer_finite_check = False
         self.unread: list[tuple[int, torch.Tensor]] = []  # (forward, finite_rows) not yet brought to the host
+        self._in_call = False  # inside a bracketed model call
+        self._aside = {"prefill": 0.0, "decode": 0.0, "in_calls": 0.0}  # set-aside seconds by where they fell
+        self._aside_events: list[tuple[torch.cuda.Event, torch.cuda.Event, str, bool]] = []  # GPU: not yet resolved
+        adapter.timed_by(self)
 
     def lap(self, stage: str) -> None:
         """The decode time since the previous lap went to `stage` (sjd.decoders.stages.STAGES)."""
@@ -103,16 +115,59 @@ class ForwardClock:
 
     @property
     def model_s(self) -> float:
-        """Seconds inside the model calls so far. On a GPU, read it after the decode: it waits for the last call's
-        event (finish has synchronised the device by then) and resolves them all."""
+        """Seconds inside the model calls so far, less what was set aside in them. On a GPU, read it after the
+        decode: it waits for the last call's event (finish has synchronised the device by then) and resolves them
+        all."""
         if self._forward_events:
             self._forward_events[-1][1].synchronize()
             self._model_s += sum(start.elapsed_time(end) for start, end in self._forward_events) / 1000
             self._forward_events = []
-        return self._model_s
+        return self._model_s - self.aside_seconds()["in_calls"]
+
+    @contextlib.contextmanager
+    def set_aside(self) -> Iterator[None]:
+        """Work inside is not the timed model's (a shadowed run's stand-in call): its seconds leave prefill_s or
+        decode_s (whichever phase it falls in), model_s when it runs inside a model call, and the stage it ran in.
+        On a GPU its span is timed by two CUDA events that nothing waits for (the stream time it took, idle gaps
+        waiting for its launches included), resolved after the decode."""
+        phase, in_call = ("decode" if self.stages.running else "prefill"), self._in_call
+        self.stages.pause()
+        try:
+            if self.adapter.device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                try:
+                    yield
+                finally:
+                    end.record()
+                    self._aside_events.append((start, end, phase, in_call))
+            else:
+                t0 = time.perf_counter()
+                try:
+                    yield
+                finally:
+                    self._add_aside(time.perf_counter() - t0, phase, in_call)
+        finally:
+            self.stages.resume()
+
+    def _add_aside(self, seconds: float, phase: str, in_call: bool) -> None:
+        self._aside[phase] += seconds
+        if in_call:
+            self._aside["in_calls"] += seconds
+
+    def aside_seconds(self) -> dict[str, float]:
+        """Set-aside seconds so far: in the prefill, in the decode, and the part of both inside model calls. On a GPU,
+        read it after the decode (it resolves the events, waiting for the last)."""
+        if self._aside_events:
+            self._aside_events[-1][1].synchronize()
+            for start, end, phase, in_call in self._aside_events:
+                self._add_aside(start.elapsed_time(end) / 1000, phase, in_call)
+            self._aside_events = []
+        return dict(self._aside)
 
     def _timed(self, fn, *args) -> Logits:
         self.stages.lap("other")
+        self._in_call = True
         if self.adapter.device.type == "cuda":  # CUDA events: the GPU's own clock around the call, read later
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -123,6 +178,7 @@ class ForwardClock:
             t0 = time.perf_counter()
             out = fn(*args)
             self._model_s += time.perf_counter() - t0
+        self._in_call = False
         self.stages.lap("forward")  # the finite check below is the logits pipeline's
         self.calls += 1
         if self.defer_finite_check:
@@ -171,16 +227,19 @@ class ForwardClock:
         if self.unread:  # flags no count has brought to the host yet
             self.read(torch.zeros(0, dtype=torch.long, device=self.adapter.device))
         device_sync(self.adapter.device)
-        decode_s = time.perf_counter() - self.t0 - self.t_prefill - measured_s
+        aside = self.aside_seconds()
+        decode_s = time.perf_counter() - self.t0 - self.t_prefill - measured_s - aside["decode"]
+        self.adapter.timed_by(None)
         return DecodeResult(
             tokens=tokens.cpu(),
             n_forward=n_forward,
             accepted=accepted,
-            prefill_s=self.t_prefill,
+            prefill_s=self.t_prefill - aside["prefill"],
             decode_s=decode_s,
             model_s=self.model_s,
             stage_s=self.stages.split(decode_s),
             extras={"stage_laps": self.stages.n_laps},
+            set_aside_s=aside["prefill"] + aside["decode"],
         )
 
     def forward(self, tokens: torch.Tensor, start: Sequence[int]) -> Logits:

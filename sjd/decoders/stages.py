@@ -20,6 +20,8 @@ and logits -> probabilities. verify: deciding tokens from p (acceptance rule, re
 drafts; AR's sample). commit: writing the decision into the decoder's state. other: the rest of
 the decode wall time (loop control, windows, lap overhead)."""
 
+PAUSE, RESUME = "(pause)", "(resume)"  # CUDA event marks of a paused span (StageClock.pause), never a stage
+
 
 class StageClock:
     def __init__(self, device: torch.device) -> None:
@@ -28,6 +30,7 @@ class StageClock:
         self.seconds = dict.fromkeys(STAGES, 0.0)
         self._events: list[tuple[str, torch.cuda.Event]] = []
         self._last = 0.0
+        self._paused_at = 0.0
         self.n_laps = 0  # what the instrumentation itself costs is n_laps times one lap (scripts/bench_pipeline.py)
 
     def begin(self) -> None:
@@ -60,14 +63,40 @@ class StageClock:
         else:
             self._last = time.perf_counter()
 
+    def pause(self) -> None:
+        """Stop the clock until `resume`: the span between goes to no stage, and the stage the next lap names
+        keeps the time before and after it (work set aside inside a phase: a shadowed run's stand-in calls)."""
+        if not self.running:
+            return
+        if self.cuda:
+            self._events.append((PAUSE, self._record()))
+        else:
+            self._paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        if not self.running:
+            return
+        if self.cuda:
+            self._events.append((RESUME, self._record()))
+        else:
+            self._last += time.perf_counter() - self._paused_at
+
     def split(self, decode_s: float) -> dict[str, float]:
         """Seconds per stage over a decode loop of `decode_s` wall seconds; "other" takes the rest,
         so the stages sum to decode_s. Call after the device is idle."""
         self.running = False
         if self.cuda:  # the GPU timeline between consecutive laps, idle gaps waiting for the host included
+            before_pause = 0.0  # a stage's time before a pause, which the stage its next lap names keeps
             for (_, before), (stage, after) in zip(self._events, self._events[1:]):
-                if stage:  # "" marks an excluded span
-                    self.seconds[stage] += before.elapsed_time(after) / 1000
+                span = before.elapsed_time(after) / 1000
+                if stage == PAUSE:
+                    before_pause += span
+                elif stage == RESUME:  # the paused span itself
+                    continue
+                else:
+                    if stage:  # "" marks an excluded span
+                        self.seconds[stage] += before_pause + span
+                    before_pause = 0.0
             self._events = []
         named = sum(v for k, v in self.seconds.items() if k != "other")
         self.seconds["other"] = max(decode_s - named, 0.0) if decode_s > 0 else 0.0

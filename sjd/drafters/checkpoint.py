@@ -211,12 +211,15 @@ def drafter_config(adapter: ModelAdapter, weights: str) -> DrafterConfig:
 
 def load_drafter(adapter: ModelAdapter, weights: str) -> DrafterNet:
     """The drafter network for `adapter`, in the target's dtype and on its device (loaded once per
-    directory, model and device)."""
+    directory, model and device). On a shadowed model, a copy whose calls a twin at the shadow's widths also runs
+    (sjd/drafters/shadow.py)."""
+    from sjd.drafters.shadow import drafter_beside_shadow
+
     key = (str(weights), str(adapter.device))
     held = _LOADED.get(key)
     if held is None or held[0]() is not adapter:  # another model (or the same one rebuilt): load afresh
         _LOADED.clear()  # one drafter at a time: a run uses one model
-        _LOADED[key] = (weakref.ref(adapter), build(adapter, weights))
+        _LOADED[key] = (weakref.ref(adapter), drafter_beside_shadow(build(adapter, weights), adapter))
     return _LOADED[key][1]
 
 

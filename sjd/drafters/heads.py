@@ -165,13 +165,17 @@ def build_heads(adapter: ModelAdapter, weights: str, random_offsets: Sequence[in
 
 def load_heads(adapter: ModelAdapter, weights: str, random_offsets: Sequence[int] = DEFAULT_OFFSETS) -> DraftHeads:
     """The heads for `adapter`, in the target's dtype and on its device, loaded once per directory and model.
-    `random_offsets`: the offsets of `random` heads (a directory's heads.json names its own)."""
+    `random_offsets`: the offsets of `random` heads (a directory's heads.json names its own). On a shadowed model, a
+    copy whose calls twins at the shadow's width also run (sjd/drafters/shadow.py)."""
+    from sjd.drafters.shadow import heads_beside_shadow
+
     key = (str(weights), str(adapter.device), tuple(random_offsets))
     held = _LOADED.get(key)
     if held is None or held[0]() is not adapter:
         for stale in [k for k, (ref, _) in _LOADED.items() if ref() is not adapter]:
             del _LOADED[stale]  # heads of a model no longer loaded; a run's decoders keep theirs side by side
-        _LOADED[key] = (weakref.ref(adapter), build_heads(adapter, weights, random_offsets))
+        heads = heads_beside_shadow(build_heads(adapter, weights, random_offsets), adapter)
+        _LOADED[key] = (weakref.ref(adapter), heads)
     return _LOADED[key][1]
 
 

@@ -3,8 +3,9 @@ model loads. A bad value is refused naming its config key, what it is, and what 
 
 The expected types come from where the values go: the top-level keys from `RUN_KEYS` below; the
 settings of a `_target_` node (decoder, baseline, extra_decoders, named_decoders, model.adapter, logger) from its
-class's constructor signature; `prompts` from `load_prompt_set`'s and `model.sampling` from
-`SamplingConfig`'s fields. So a new decoder setting is checked as soon as it has a type hint.
+class's constructor signature; `prompts` from `load_prompt_set`'s, `model.sampling` from
+`SamplingConfig`'s fields and `shadow` from `ShadowSettings`' (sjd/harness/shadow.py, which adds its value rules).
+So a new decoder setting is checked as soon as it has a type hint.
 """
 
 from __future__ import annotations
@@ -186,6 +187,10 @@ def check_run_config(cfg: DictConfig) -> None:
             problems += _target_problems(key, node)
     if isinstance(plain.get("prompts"), Mapping):
         problems += check_settings("prompts", plain["prompts"], load_prompt_set)
+    if isinstance(plain.get("shadow"), Mapping):
+        from sjd.harness.shadow import shadow_problems
+
+        problems += shadow_problems(plain["shadow"])
     sampling = (plain.get("model") or {}).get("sampling")
     if isinstance(sampling, Mapping):
         fields = {f.name: f.type for f in dataclasses.fields(SamplingConfig)}

@@ -36,8 +36,8 @@ BOOTSTRAP_SEED = 0
 BOOTSTRAP_RESAMPLES = 2000
 LEVEL = 0.95
 # Decoders a run's step compression is also compared with, where the run has them (the pages' "vs sjd"
-# columns, the regime map's vs_official_sjd / vs_harness_sjd, and the goal page's SJD-PAC at window 64).
-REFERENCES = ("sjd", "sjd_official", "sjd_official_forced", "sjd_harness", "sjd_pac_official_w64")
+# columns, the regime map's vs_official_sjd / vs_harness_sjd, and the goal page's SJD-PAC and SCD at window 64).
+REFERENCES = ("sjd", "sjd_official", "sjd_official_forced", "sjd_harness", "sjd_pac_official_w64", "scd_official_w64")
 UNIT_COLUMNS = ("n_tokens", "n_forward", "latency_s", "model_s", "priced_forwards", "modelled_s", "modelled_eager_s")
 # What every sample of one timed batch shares, and no two batches do: the batch's own clocks and its size.
 BATCH_CLOCKS = ("latency_s", "prefill_s", "decode_s", "model_s", "batch_size")

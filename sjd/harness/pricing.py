@@ -31,8 +31,10 @@ from sjd.core.cost import (
     DEFAULT_ENGINE,
     DEFAULT_GPU,
     ENGINES,
+    GPU,
     GPUS,
     DecodeCounts,
+    Engine,
     decode_seconds,
     draft_head_rows,
     drafter_price,
@@ -152,11 +154,14 @@ def draft_head(config: dict) -> str:
 
 
 def modelled_seconds(
-    row: pd.Series, prices_as: str, rows: int, gpu: str = DEFAULT_GPU, engine: str = DEFAULT_ENGINE
+    row: pd.Series, prices_as: str, rows: int, gpu: str | GPU = DEFAULT_GPU, engine: str | Engine = DEFAULT_ENGINE
 ) -> float:
     """One image's modelled decode seconds from a sample's or a summary row's counts (`forwards` or `n_forward`,
     the COUNT_COLUMNS, `drafter_forwards` and, for draft heads, `head_forwards` and `heads`), priced as
-    `prices_as` on `gpu` under `engine`. A row without `draft_head_rows` drafts with the full LM head."""
+    `prices_as` on `gpu` under `engine` (names in sjd.core.cost, or a corner's own: sjd.harness.model_range). A
+    row without `draft_head_rows` drafts with the full LM head."""
+    gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
+    engine = ENGINES[engine] if isinstance(engine, str) else engine
     target = ARCHITECTURES[prices_as]
     rows_kept = row.get("draft_head_rows", np.nan)
     head_rows = None if pd.isna(rows_kept) else int(rows_kept)
@@ -174,4 +179,4 @@ def modelled_seconds(
         syncs=float(row["syncs_per_iter"]),
         draft_head_rows=head_rows,
     )
-    return decode_seconds(counts, target, GPUS[gpu], ENGINES[engine], rows, eagle_drafter(target, head_rows))
+    return decode_seconds(counts, target, gpu, engine, rows, eagle_drafter(target, head_rows))

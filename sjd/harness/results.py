@@ -43,6 +43,7 @@ SUMMARY_COLUMNS = [
     "latency_speedup",
     "prefill_s",
     "decode_s",
+    "standin_model_s",
     "image_decode_s",
     "outside_model_frac",
     "forward_cost",
@@ -105,6 +106,9 @@ class SampleRecord:
     # The batch this sample was timed in, named by its first sample (prompt_id#seed_index): the unit of the
     # latency intervals (sjd.harness.intervals.batch_units). Empty on lines written before it was recorded.
     timed_batch: str = ""
+    # Under a shadow (sjd/harness/shadow.py), the seconds of the model's own calls, which the latency leaves out
+    # (the shadow's forwards are the timed ones); 0 without a shadow, where the model's forwards are the timed ones.
+    standin_model_s: float = 0.0
 
     @classmethod
     def of_row(
@@ -142,6 +146,7 @@ class SampleRecord:
             tokens=result.tokens[row].tolist(),
             extras=row_extras(result.extras, row, len(result.tokens)),
             timed_batch=timed_batch,
+            standin_model_s=result.set_aside_s,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -352,6 +357,8 @@ def decoder_row(decoder: str, df: pd.DataFrame, meta: dict) -> dict:
         "latency_s": float(df["latency_s"].mean()),
         "prefill_s": float(df["prefill_s"].mean()),
         "decode_s": float(df["decode_s"].mean()),
+        # a shadowed run's model calls, timed apart from the latency (NaN on lines written before they were)
+        "standin_model_s": float(df["standin_model_s"].mean()) if "standin_model_s" in df else float("nan"),
         "image_decode_s": float(df["image_decode_s"].mean()) if "image_decode_s" in df else float("nan"),
         "outside_model_frac": float(1 - df["model_s"].sum() / df["latency_s"].sum()),
         "model_s": float(df["model_s"].mean()),

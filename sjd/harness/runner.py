@@ -72,6 +72,7 @@ from sjd.harness.results import (
     summary_rows,
     write_summary,
 )
+from sjd.harness.shadow import check_same_shadow, shadow_record, unshadowed, with_shadow
 from sjd.models.base import ModelAdapter
 from sjd.models.loading import networks_sha
 from sjd.types import Prompt
@@ -255,6 +256,7 @@ def build(
     the resume point and meta.json; every rank gets the same finished samples."""
     started = time.perf_counter()
     adapter: ModelAdapter = instantiate(cfg.model.adapter, device=dp.device)
+    adapter = with_shadow(cfg, adapter, decoders)  # a real architecture timed beside it, where `shadow` names one
     adapter.use_cache(cfg.get("cache", "dynamic"))  # AR and every decoder run on the same engine
     if cfg.get("compile", False):  # eager with eager, compiled with compiled: the baseline is compiled too
         backend = cfg.get("compile_backend")
@@ -268,6 +270,7 @@ def build(
     done = None
     if dp.info.is_main:  # only rank 0 reads, repairs and writes the run directory before decoding
         done = resume_point(run_dir, meta["config_fingerprint"])
+        check_same_shadow(run_dir, shadow_record(adapter))
         (run_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
     done = dp.broadcast(done)  # every rank deals the same unfinished prompts
     samples = [(p, k) for p in prompt_set.prompts for k in range(seeds_per_prompt(cfg))]
@@ -317,6 +320,7 @@ def run_meta(
         "command": run_command(),
         "config_fingerprint": config_fingerprint(cfg),
         **pricing(cfg),
+        **shadow_record(adapter),  # what timed the forwards; not in the fingerprint, the samples are the model's
     }
 
 
@@ -361,15 +365,16 @@ def summarise(job: RankJob, sampling: SamplingConfig, eval_cfg: dict | None) -> 
     merge_samples(job.run_dir, job.decoder_names, [(p.prompt_id, k) for p, k in job.samples])
     samples = read_samples(job.run_dir)
     summary = summary_rows(samples, job.baseline, job.meta)
+    model = unshadowed(job.adapter)  # no row times this work: the shadow has nothing to add
     if eval_cfg:
         from sjd.eval.quality import evaluate
 
-        quality = evaluate(eval_cfg, samples, job.adapter, resolve_path("outputs/cache"))
+        quality = evaluate(eval_cfg, samples, model, resolve_path("outputs/cache"))
         summary = summary.merge(quality, on="decoder", how="left")
     if audit_caption(job.cfg):
-        audit = audit_decoders(job.cfg, job.adapter, job.decoders, sampling)
+        audit = audit_decoders(job.cfg, model, job.decoders, sampling)
         summary = summary.merge(audit, on="decoder", how="left")
-    summary = with_teacher_forced_audit(job.cfg, summary, samples, job.adapter, job.decoders, sampling)
+    summary = with_teacher_forced_audit(job.cfg, summary, samples, model, job.decoders, sampling)
     return summary, samples
 
 

@@ -46,6 +46,12 @@ class ModelAdapter(ABC):
         tokenizer, a text encoder): what a run's weights hash covers. Adapters holding them elsewhere override."""
         return {name: value for name, value in vars(self).items() if isinstance(value, torch.nn.Module)}
 
+    def timed_by(self, clock: object | None) -> None:
+        """The forward clock of the decode that starts (sjd.decoders.base.ForwardClock), None when it ends. An
+        adapter whose calls hold work that is not the timed model's (a shadowed run's stand-in, sjd/models/shadow.py)
+        runs that work inside the clock's `set_aside()`; any other adapter has nothing to set aside."""
+        return None
+
     def use_cache(self, kind: str) -> None:
         """Decode with this kind of KV cache (`dynamic` or `static`, sjd.models.causal_lm.RaggedRows) from the next
         prefill on; an adapter with a cache of its own has only that one."""

@@ -1,7 +1,8 @@
 """The shipped stand-ins' recipes and their checkpoints' training records.
 
-`scripts/train_standin.py` trains from these recipes and writes the records; the tests read both to check
-that every shipped checkpoint is its recipe's. A recipe is DEFAULTS overridden by a STANDINS entry.
+sjd/standin/build.py (run by `scripts/train_standin.py`) trains from these recipes and writes the records; the
+tests read both to check that every shipped checkpoint is its recipe's. A recipe is DEFAULTS overridden by a
+STANDINS entry.
 """
 
 from __future__ import annotations

@@ -1,60 +1,17 @@
 """The logits pipeline (sjd.core.sampling.logits_to_probs) against the implementation it replaced.
 
-The reference below is that implementation verbatim: the grammar mask over the full vocabulary,
-then CFG, temperature, top-k / top-p and softmax over all V ids. The new pipeline filters the free
-columns only and scatters back; the probabilities must agree to 1e-6 on random logits.
+The reference is that implementation verbatim, kept in sjd/bench/replaced_pipeline.py: the grammar mask
+over the full vocabulary, then CFG, temperature, top-k / top-p and softmax over all V ids. The new pipeline
+filters the free columns only and scatters back; the probabilities must agree to 1e-6 on random logits.
 """
 
 import pytest
 import torch
 
+from sjd.bench.replaced_pipeline import filter_top_k_top_p, logits_to_probs
 from sjd.core import sampling
 from sjd.core.sampling import SamplingConfig
 from sjd.types import ImageLayout, Logits
-
-
-# -- the reference: the pipeline before free-column filtering, verbatim ------------------------------
-def cfg_mix(logits: Logits, scale: float) -> torch.Tensor:
-    """Guided logits `uncond + scale * (cond - uncond)`; the conditional ones without CFG."""
-    if logits.uncond is None or scale == 1.0:
-        return logits.cond
-    return logits.uncond + scale * (logits.cond - logits.uncond)
-
-
-def grammar_mask(positions: torch.Tensor, layout: ImageLayout) -> torch.Tensor:
-    """[B, W] generated positions -> [B, W, V] allowed-token mask (forced tokens one-hot).
-
-    Positions past the image (padding slots of a window) get the free-token mask; decoders
-    never use their outputs."""
-    table = layout.allowed_table(positions.device)
-    return table[positions.clamp(0, layout.n_tokens)]
-
-
-def filter_top_k_top_p(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # keep the token that crosses top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def logits_to_probs(
-    logits: Logits, positions: torch.Tensor, layout: ImageLayout, sampling: SamplingConfig
-) -> torch.Tensor:
-    """The shared pipeline: [B, W, V] logits at generated `positions` [B, W] -> probabilities."""
-    guided = cfg_mix(logits, sampling.cfg_scale).float()
-    guided = guided.masked_fill(~grammar_mask(positions, layout), float("-inf"))
-    if sampling.greedy:
-        return torch.nn.functional.one_hot(guided.argmax(-1), guided.shape[-1]).float()
-    if sampling.temperature != 1.0:
-        guided = guided / sampling.temperature
-    guided = filter_top_k_top_p(guided, sampling.top_k, sampling.top_p)
-    return guided.softmax(-1)
 
 
 # -- layouts -------------------------------------------------------------------------------------------

@@ -43,10 +43,26 @@ def test_no_decoder_class_is_more_than_four_levels_below_decoder():
     assert deep == {}, f"{deep}: make what the parent adds a part (sjd/decoders/coupled.py's Coupled is one)"
 
 
-def test_the_level_count_sees_a_class_built_on_the_deepest():
-    deepest = max(decoder_classes(), key=levels_below_decoder)
-    child = type("Child", (deepest,), {})
-    assert levels_below_decoder(child) == levels_below_decoder(deepest) + 1
+def test_each_real_decoder_class_has_one_decoder_parent_and_puts_its_parts_first():
+    """On the classes themselves: each has exactly one decoder among its bases, the last one, and stands one level
+    below it; every other base is a part (`Coupled`, `DrafterContinuation`, `HeadsContinuation`, `DrafterPart`,
+    `WindowSettings`: none a Decoder), which adds no level. So the deepest, SJD-PAC's drafter and heads hybrids,
+    stand four below Decoder: Decoder, WindowDecoder, SJDDecoder, SJDPACDecoder, then theirs."""
+    from sjd.decoders.drafted import SJDPACDrafterDecoder
+    from sjd.decoders.headed import SJDPACHeadsDecoder
+    from sjd.decoders.sjd_pac import SJDPACDecoder
+
+    parts = set()
+    for cls in decoder_classes():
+        parents = [b for b in cls.__bases__ if issubclass(b, Decoder)]
+        assert len(parents) == 1 and cls.__bases__[-1] is parents[0], f"{cls.__name__}: bases {cls.__bases__}"
+        above = 0 if parents[0] is Decoder else levels_below_decoder(parents[0])
+        assert levels_below_decoder(cls) == above + 1, cls.__name__
+        parts |= set(cls.__bases__[:-1])
+    assert {p.__name__ for p in parts} >= {"Coupled", "DrafterContinuation", "HeadsContinuation", "DrafterPart"}
+    assert not any(issubclass(p, Decoder) for p in parts)
+    for hybrid in (SJDPACDrafterDecoder, SJDPACHeadsDecoder):
+        assert levels_below_decoder(hybrid) == MAX_LEVELS == levels_below_decoder(SJDPACDecoder) + 1
 
 
 @pytest.mark.parametrize("cls", decoder_classes(), ids=lambda c: c.__name__)

@@ -31,6 +31,9 @@ class GPUAdapter:
     name = "fake"
     device = torch.device("cuda")
 
+    def timed_by(self, clock) -> None:
+        pass
+
 
 def test_no_forward_waits_for_its_events_and_model_s_resolves_them_once(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)

@@ -70,7 +70,7 @@ def test_a_sample_record_keeps_the_line_format_and_each_rows_share_of_the_decode
         record = SampleRecord.of_row(result, row, prompt, 1, 99 + row, "tree", float("nan"), peak, "a#1")
         writer.write(record)
     first, second = (json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines())
-    assert list(second) == [*SAMPLE_KEYS, "extras", "timed_batch"]
+    assert list(second) == [*SAMPLE_KEYS, "extras", "timed_batch", "standin_model_s"]
     assert first["timed_batch"] == second["timed_batch"] == "a#1"  # both rows were timed in one batch
     assert second["tokens"] == [4, 5, 6] and second["n_forward"] == 2 and second["accepted"] == [1, 2]
     assert second["n_tokens"] == 3 and second["batch_size"] == 2 and second["seed"] == 100

@@ -22,6 +22,8 @@ from sjd.decoders.ar import ARDecoder
 from sjd.models.loading import tensors_sha
 from sjd.standin import recipes
 from sjd.standin.adapter import StandinLlamaGenAdapter, StandinLuminaAdapter
+from sjd.standin.build import build, check_recipe, check_retrain
+from sjd.standin.dependence import dependence
 from sjd.standin.procedural import ProceduralImages, Theme, all_themes
 from sjd.standin.training import (
     FINGERPRINT_TOLERANCE,
@@ -149,27 +151,27 @@ def test_procedural_captions_parse_back_and_noise_sets_how_many_codes_a_pixel_ca
 
 @pytest.mark.slow  # a retrain, a rebuild or a large fixture: make test runs it, the edit loops do not
 def test_the_training_script_rebuilds_a_checkpoint_from_its_seed(tmp_path):
-    """Two runs of the same recipe write the same weights, and the checkpoint loads as a stand-in."""
-    outs = []
-    for run in ("a", "b"):
-        out = tmp_path / run
-        cmd = [sys.executable, str(ROOT / "scripts" / "train_standin.py"), "--custom", "tiny", "--resolution", "64",
-               "--steps", "2", "--batch-size", "2", "--out", str(out)]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        outs.append(load_file(out / "model.safetensors"))
+    """`python scripts/train_standin.py --custom ...` and sjd.standin.build.build, from the same recipe, write the
+    same weights and record, and the checkpoint loads as a stand-in."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "train_standin.py"), "--custom", "tiny", "--resolution", "64",
+           "--steps", "2", "--batch-size", "2", "--out", str(tmp_path / "a")]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = build("tiny", {"resolution": 64, "steps": 2, "batch_size": 2}, tmp_path / "b")
+    outs = [load_file(tmp_path / run / "model.safetensors") for run in ("a", "b")]
     assert outs[0].keys() == outs[1].keys()
     assert all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0])
+    timing = ("train_seconds",)
+    assert {k: v for k, v in recipes.read_record(tmp_path / "a").items() if k not in timing} == {
+        k: v for k, v in record.items() if k not in timing
+    }
     adapter = StandinLuminaAdapter(weights=str(tmp_path / "a"), name="tiny")
     assert (adapter.layout.height, adapter.meta["steps"]) == (4, 2)
 
 
 @pytest.mark.slow  # a retrain, a rebuild or a large fixture: make test runs it, the edit loops do not
 def test_the_training_script_builds_a_llamagen_standin(tmp_path):
-    cmd = [sys.executable, str(ROOT / "scripts" / "train_standin.py"), "--custom", "tiny", "--family", "llamagen",
-           "--steps", "1", "--batch-size", "1", "--out", str(tmp_path / "lg")]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    build("tiny", {"family": "llamagen", "steps": 1, "batch_size": 1}, tmp_path / "lg")
     adapter = StandinLlamaGenAdapter(weights=str(tmp_path / "lg"), name="tiny")
     assert (adapter.layout.n_tokens, adapter.meta["family"]) == (1024, "llamagen")
 
@@ -231,11 +233,11 @@ HASHED = sorted(set(STANDINS) - BUILT_BEFORE_RECIPE_HASHES)
 @pytest.mark.parametrize("name", HASHED)
 @pytest.mark.slow  # a retrain, a rebuild or a large fixture: make test runs it, the edit loops do not
 def test_a_shipped_standin_with_hashes_is_reproduced_by_the_current_recipe(name):
-    """`train_standin.py --check-recipe NAME` as a user runs it on a shipped stand-in: its files hash to its
-    record, and the first training steps of its STANDINS recipe under today's code match its probe fingerprint.
-    A change to the data, the model, the loss or the optimiser that would retrain it differently fails here."""
-    proc = _script("--check-recipe", name)
-    assert proc.returncode == 0 and PROBE_PASSED in proc.stdout, proc.stdout + proc.stderr
+    """What `train_standin.py --check-recipe NAME` checks on a shipped stand-in (sjd.standin.build.check_recipe):
+    its files hash to its record, and the first training steps of its STANDINS recipe under today's code match its
+    probe fingerprint. A change to the data, the model, the loss or the optimiser that would retrain it differently
+    fails here."""
+    assert check_recipe(name) == []
 
 
 @pytest.mark.slow  # a retrain, a rebuild or a large fixture: make test runs it, the edit loops do not
@@ -265,11 +267,10 @@ def test_a_fingerprint_tells_a_cpus_rounding_from_a_changed_recipe():
 def test_a_checkpoint_is_checked_against_its_recipe_by_hash_and_by_a_bit_for_bit_retrain(tmp_path):
     """What a user runs: `train_standin.py --check-recipe` (the files against their record, and the first
     steps of training against the probe fingerprint) and `--check` (a full retrain, every tensor compared), on a
-    tiny checkpoint the script built; then on the same checkpoint with one weight changed, with its record
-    claiming another seed, and on a shipped stand-in that predates the hashes."""
+    tiny checkpoint sjd.standin.build built; then (the checks as functions) on the same checkpoint with one weight
+    changed, with its record claiming another seed, and on a shipped stand-in that predates the hashes."""
     out = tmp_path / "tiny"
-    built = _script("--custom", "tiny", "--resolution", "64", "--steps", "4", "--batch-size", "2", "--out", str(out))
-    assert built.returncode == 0, built.stderr[-2000:]
+    build("tiny", {"resolution": 64, "steps": 4, "batch_size": 2}, out)
     for check, passed in (("--check-recipe", PROBE_PASSED), ("--check", "reproduced bit for bit by a full retrain")):
         proc = _script(check, str(out))
         assert proc.returncode == 0 and passed in proc.stdout, proc.stdout + proc.stderr
@@ -281,27 +282,22 @@ def test_a_checkpoint_is_checked_against_its_recipe_by_hash_and_by_a_bit_for_bit
     weights[name] = weights[name].clone()
     weights[name].view(-1)[0] += 1
     save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
-    for check, message in (("--check-recipe", "its weights hash to"), ("--check", f"{name} differs from the retrain")):
-        proc = _script(check, str(out))
-        assert proc.returncode == 1 and message in proc.stdout, proc.stdout + proc.stderr
+    for check, message in ((check_recipe, "its weights hash to"), (check_retrain, f"{name} differs from the retrain")):
+        problems = check(str(out))
+        assert any(message in problem for problem in problems), problems
 
     record = recipes.read_record(out)
     recipes.write_record(out, {**record, "seed": 1})  # the record of another recipe: its probe hashes otherwise
-    proc = _script("--check-recipe", str(out))
-    assert proc.returncode == 1 and "the code that trains it changed" in proc.stdout, proc.stdout + proc.stderr
+    problems = check_recipe(str(out))
+    assert any("the code that trains it changed" in problem for problem in problems), problems
 
-    proc = _script("--check-recipe", "standin_lumina_512")
-    assert proc.returncode == 1 and "an earlier recipe built it" in proc.stdout, proc.stdout + proc.stderr
+    problems = check_recipe("standin_lumina_512")
+    assert len(problems) == 1 and "an earlier recipe built it" in problems[0], problems
 
 
 def test_the_dependence_profile_shows_a_lumina_stand_in_leaning_on_the_previous_code():
-    """`scripts/standin_dependence.py` as a user runs it, at its smallest size: one changed code, one image.
-    The shipped Lumina stand-in's next-code distribution moves far more when the previous code changes than
-    when a code 16 back does (docs/real-models.md, "what a stand-in cannot say")."""
-    cmd = [sys.executable, str(ROOT / "scripts" / "standin_dependence.py"), "standin_lumina_512",
-           "--changes", "1", "--images", "1", "--offsets", "1,16"]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-2000:]
-    row = next(line for line in done.stdout.splitlines() if line.startswith("| standin_lumina_512 |"))
-    near, far = (float(x) for x in row.strip("| ").split(" | ")[1:])
-    assert 0 <= far < near <= 1, row
+    """What `scripts/standin_dependence.py` prints a row of (sjd.standin.dependence), at its smallest size: one
+    changed code, one image. The shipped Lumina stand-in's next-code distribution moves far more when the previous
+    code changes than when a code 16 back does (docs/real-models.md, "what a stand-in cannot say")."""
+    profile = dependence("standin_lumina_512", n_changes=1, n_images=1, offsets=[1, 16])
+    assert 0 <= profile[16] < profile[1] <= 1, profile

@@ -110,6 +110,9 @@ REGISTRY = [
     Entry(r"python scripts/collect_sweep\.py .*", "test",
           "tests/harness/test_configs.py::test_a_sweep_through_the_submitit_local_launcher_is_collected",
           ("collect_sweep.py",)),
+    Entry(r"python run\.py .*shadow=.*", "test",
+          "tests/harness/test_shadow.py::test_the_documented_shadow_run_keeps_the_tokens_and_names_its_shadow",
+          ('"model=toy"', '"shadow=llamagen"', '"shadow.layers=1"', '"prompts.n=2"', '"eval=none"')),
     Entry(r"python run\.py( .*)?", "run"),  # any toy run: defaults, overrides, experiments, --multirun sweeps
     Entry(r"python scripts/(paper_tables|audit|bench_bookkeeping|count_syncs|bench_engine|real_size)\.py( .*)?",
           "script"),

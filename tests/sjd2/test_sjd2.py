@@ -1,8 +1,6 @@
 """SJD2 on the noise-aware toy checkpoint: the checkpoint denoises, the decode loop is exact
 where it must be, and missing capabilities or checkpoints are named."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ from sjd.decoders.ar import ARDecoder
 from sjd.decoders.sjd2 import SJD2Decoder
 from sjd.harness.prompts import load_prompt_file
 from sjd.sjd2.toy import ToySJD2Adapter
+from sjd.sjd2.toy_finetune import TOY, ToyFineTuneSettings, finetune_toy
 from sjd.sjd2.toy_net import N_LEVELS, load_noise_aware
 from sjd.toy.model import TEXT_CONTEXT
 from sjd.toy.tokenizer import ToyVocab
@@ -73,23 +72,10 @@ def test_sjd2_without_a_noise_aware_model_is_refused_at_start(toy):
 
 
 @pytest.mark.slow
-def test_finetune_script_runs_and_writes_a_loadable_checkpoint(tmp_path):
+def test_the_toy_finetune_writes_a_loadable_checkpoint(tmp_path):
+    """What `scripts/finetune_sjd2.py --steps 2 --batch-size 4` runs (sjd.sjd2.toy_finetune.finetune_toy)."""
     out = tmp_path / "ckpt"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "finetune_sjd2.py"),
-            "--steps",
-            "2",
-            "--batch-size",
-            "4",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    meta = finetune_toy(ToyFineTuneSettings(steps=2, batch_size=4), TOY, out)
     adapter = ToySJD2Adapter(weights=str(out))
-    assert adapter.meta["train"]["steps"] == 2
+    assert adapter.meta["train"] == meta["train"] and meta["train"]["steps"] == 2
+    assert meta["base"] == "sjd/assets/toy"

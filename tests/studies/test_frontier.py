@@ -76,6 +76,9 @@ def test_a_frontier_names_the_audit_with_power_of_each_lossless_decoder_with_its
         in text
     )
     assert "`ssd`" not in text  # lossy: no claim to audit
+    # Hawk's audit and this run both hashed the weights they loaded; the older audits of official SJD did not
+    assert "(as `hawk`; same weights: hashed)" in text
+    assert "(as `sjd_official`; same weights: n/a: no hash)" in text
     configs = json.loads(rows["decoder_configs"].iloc[0])
     configs["hawk"]["vertical"] = 0
     changed = rows.assign(decoder_configs=json.dumps(configs))

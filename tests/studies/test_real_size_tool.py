@@ -1,11 +1,15 @@
-"""scripts/real_size.py at tiny widths: each model's prefill and first windows go through the real adapter on
-the static cache sized to the real layout, with both CFG rows, and the CSV says so."""
+"""The real-size study (sjd/bench/real_size.py, run by scripts/real_size.py) at tiny widths: each model's prefill
+and first windows go through the real adapter on the static cache sized to the real layout, with both CFG rows, and
+the CSV says so."""
 
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
+
+from sjd.bench.real_size import real_size
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "real_size.py"
@@ -13,9 +17,7 @@ SCRIPT = ROOT / "scripts" / "real_size.py"
 
 def test_the_prefill_and_the_first_windows_of_each_model_at_its_real_layout(tmp_path):
     out = tmp_path / "real_size.csv"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--models", "lumina,janus", "--windows", "2",
-                           "--out", str(out)], capture_output=True, text=True)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    real_size(["lumina", "janus"], windows=2, tiny=True, threads=None, out=out, command="python scripts/real_size.py")
     rows = pd.read_csv(out)
     assert list(dict.fromkeys(rows["model"])) == ["lumina", "janus"]
     assert "error" not in rows or rows["error"].isna().all()
@@ -37,6 +39,8 @@ def test_the_prefill_and_the_first_windows_of_each_model_at_its_real_layout(tmp_
     assert rows["git_hash"].notna().all() and rows["command"].str.contains("real_size.py").all()
 
 
-def test_an_unknown_model_is_refused_by_name():
+def test_an_unknown_model_is_refused_by_name(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--models", "lumina,dalle"], capture_output=True, text=True)
     assert proc.returncode == 2 and "dalle" in proc.stderr
+    with pytest.raises(ValueError, match="dalle"):
+        real_size(["lumina", "dalle"], windows=1, tiny=True, threads=None, out=tmp_path / "x.csv", command="")
