@@ -106,7 +106,10 @@ def test_compiled_kernels_cut_the_launches_of_an_iteration(toy, name):
     finally:
         adapter.use_cache("dynamic")
     eager, graphed = counts[True], counts[False]
-    assert graphed.forwards == eager.forwards and graphed.syncs == eager.syncs
+    def per_iteration(syncs):  # the layout's tables are copied once per device, by whichever decode runs first
+        return {site: n for site, n in syncs.items() if site[0] != "once"}
+
+    assert graphed.forwards == eager.forwards and per_iteration(graphed.syncs) == per_iteration(eager.syncs)
     assert graphed.ops_outside_forward < 0.8 * eager.ops_outside_forward
     assert entrant.decoder.kernels is EAGER  # the counter's kernels were put back
 

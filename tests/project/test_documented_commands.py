@@ -113,6 +113,10 @@ REGISTRY = [
     Entry(r"python run\.py .*shadow=.*", "test",
           "tests/harness/test_shadow.py::test_the_documented_shadow_run_keeps_the_tokens_and_names_its_shadow",
           ('"model=toy"', '"shadow=llamagen"', '"shadow.layers=1"', '"prompts.n=2"', '"eval=none"')),
+    Entry(r"python scripts/gpu_check\.py --tiny .*", "test",
+          "tests/bench/test_gpu_check.py::tiny_check",  # the module fixture every tiny-check test reads
+          ('"scripts/gpu_check.py", "--tiny", "--device", "cpu"',)),
+    Entry(r"python scripts/gpu_check\.py( .*)?", "exempt", "needs a CUDA device; its --tiny form runs in the tests"),
     Entry(r"python run\.py( .*)?", "run"),  # any toy run: defaults, overrides, experiments, --multirun sweeps
     Entry(r"python scripts/(paper_tables|audit|bench_bookkeeping|count_syncs|bench_engine|real_size)\.py( .*)?",
           "script"),
