@@ -27,10 +27,10 @@ kernel launch. Here everything runs on the CPU, so `SyncCounter` (a torch functi
   (fullgraph compiles).
 
 Iterations are the decode loop's forwards (the prefill excluded). What the forward clock does once a decode (the
-prefill and the first token before the loop, the finished result after it: `ForwardClock.start` and `finish`) is
-counted apart, as `once` (`syncs_once_per_decode`), and not per iteration; so are a layout's tables, copied to the
-device once per process. `scripts/count_syncs.py` prints the report
-for every decoder; it asserts nothing, and only counts (times nothing).
+prefill and the first token before the loop, the finished result after it: `ForwardClock.start` and `finish`), and a
+window decoder's set-up before its loop (`WindowDecoder.start`), is counted apart, as `once` (`syncs_once_per_decode`),
+and not per iteration; so are a layout's tables, copied to the device once per process. `scripts/count_syncs.py`
+prints the report for every decoder; it asserts nothing, and only counts (times nothing).
 """
 
 from __future__ import annotations
@@ -61,11 +61,13 @@ FROM_HOST_DATA = {torch.tensor, torch.as_tensor, torch.asarray}  # with device=:
 COPY = "host-to-device copy"  # a sync site's name for a copy of host data to the device
 ADAPTER_METHODS = ("prefill", "forward", "forward_at", "forward_embeds", "truncate", "keep_slots", "head")
 PIPELINE = ("sampling.py", "logits_to_probs")
-# Work done once a decode, not a step: ForwardClock's start (prefill, first token) and finish (the result), AR's
-# entropy and a window decoder's per-row counts read after it, and a layout's tables, copied to the device once per
-# process (sjd.types.ImageLayout).
+# Work done once a decode, not a step: ForwardClock's start (prefill, first token) and finish (the result), a window
+# decoder's set-up before its loop (a continuation's first drafts, and for SJD-PAC their sibling room), AR's entropy
+# and a window decoder's per-row counts read after it, and a layout's tables, copied to the device once per process
+# (sjd.types.ImageLayout).
 ONCE_A_DECODE = (
     ("decoders/base.py", ("start", "finish")),
+    ("decoders/window.py", ("start",)),
     ("decoders/ar.py", ("mean_entropy",)),
     ("decoders/window_state.py", ("finish",)),
     ("sjd/types.py", ("_cached", "allowed_table")),
@@ -367,22 +369,15 @@ def report_row(counts: list[Counts]) -> dict:
 # step". The one a window decoder needs reads how many drafts each row accepted (base.py read).
 PURPOSES = {
     "base.py read": "the accepted lengths, with the forwards' NaN/inf flags in the same copy: the one sync a "
-    "window decoder needs",
+    "window decoder needs (SJD-PAC's also brings the accepted siblings and the sibling room of every draft a row "
+    "may carry on; PJD's and ZipAR's every row segment's outcome; SSD's the blocks that end, once for those that "
+    "end together, again where one that ended decides, by the token after it, its row's next draws)",
     "base.py check_finite": "the NaN/inf guard on the logits, read at once: the prefill's, and every forward's "
     "in decoders that read no count after each forward",
     "base.py finish": "copies the finished tokens to the host, once a decode",
     "eagle.py generate": "copies the drafter's forwards per row to the host, once a decode",
     "window_state.py finish": "copies the drafter's forwards per row to the host, once a decode",
-    "sjd_pac.py sibling_room": "the branch plan: how many siblings each row's first carried drafts can have, all "
-    "rows in one copy (the tree window's shape depends on it)",
     "ar.py generate": "AR's loop reads the rows' finished state or tokens on the host",
-    "pjd.py verify_and_commit": "reads each row group's accepted count on the host",
-    "pjd.py next_drafts": "picks the next drafts with boolean masks",
-    "pjd.py <listcomp>": "the plan asks, position by position, which committed tokens lack their K/V (the row "
-    "state lives on the device)",
-    "pjd.py plan": "the plan asks whether each image row's anchor is committed",
-    "pjd.py complete": "asks whether every position of a row is committed, each iteration",
-    "pjd.py _initial_state": "counts the grammar-forced tokens, once a decode",
 }
 
 

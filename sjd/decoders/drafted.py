@@ -29,7 +29,7 @@ from sjd.decoders.drafter_part import DrafterPart
 from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.sjd_pac import SJDPACDecoder
 from sjd.decoders.window import WindowCall, WindowStep
-from sjd.decoders.window_state import WindowState
+from sjd.decoders.window_state import Redraft, WindowState
 from sjd.drafters.checkpoint import drafter_settings, load_drafter
 from sjd.drafters.drafter import DrafterRun
 from sjd.drafters.tree import draw_chain
@@ -50,6 +50,8 @@ class DrafterContinuation(DrafterPart):
     DrafterPart's) and the two hooks it fills (`begin`, `after_commit`). `continuation` is how many positions
     after each commit the drafter drafts; the drafter runs
     the image codes' rows of the LM head by default (`decoder.drafter.head`)."""
+
+    redrafts = True  # after every commit (sjd.decoders.window)
 
     drafter: dict | None = None
     continuation: int = 4
@@ -77,41 +79,59 @@ class DrafterContinuation(DrafterPart):
             code_head=self.drafter["head"] == "codes",
         )
         call.drafter.start(call.clock.prefill_features, state.tokens[:, 0])
-        self.continue_drafts(state, call)
+        redraft = self.continue_drafts(call, device_ints(state.committed, state.tokens.device))
+        self.read_room(state, redraft)
+        self.adopt(state, redraft)
         state.drafter_forwards = call.drafter.row_forwards
 
     def after_commit(self, step: WindowStep) -> None:
-        state, logits, slots, call = step.state, step.logits, step.slots, step.call
-        run = call.drafter
-        device = state.tokens.device
+        super().after_commit(step)
+        state, call = step.state, step.call
         N = state.tokens.shape[1]
-        committed = device_ints(state.committed, device)
-        previous = device_ints(state.previous, device)
-        take = committed - previous
-        A = slots.shape[1]
-        offsets = torch.arange(A, device=device)
-        going_on = committed < N
-        count = torch.where(going_on, take, 0).clamp(max=A)
-        gen_pos = (previous[:, None] + offsets[None, :]).clamp(max=N - 1)
-        tokens = torch.where(offsets[None, :] < count[:, None], state.tokens.gather(1, gen_pos), 0)
-        hidden = logits.features.hidden
-        index = run.to_rows(slots)[..., None].expand(-1, -1, hidden.shape[-1])
-        if any(n < N for n in state.committed):  # read on the host: the lists are the state's own
-            run.catch_up(hidden.gather(1, index), tokens, gen_pos, count)
-            self.continue_drafts(state, call)
-            state.drafter_forwards = run.row_forwards
+        going_on = any(n < N for n in state.committed)  # read on the host: the lists are the state's own
+        if step.redraft is None and going_on:  # drawn here, after the commit's read (SJD-PAC's commit: before it)
+            device = state.tokens.device
+            committed = device_ints(state.committed, device)
+            previous = device_ints(state.previous, device)
+            offsets = torch.arange(step.slots.shape[1], device=device)
+            tokens = state.tokens.gather(1, (previous[:, None] + offsets[None, :]).clamp(max=N - 1))
+            step.redraft = self.draw_redraft(step, committed, previous, tokens)
+        if going_on:
+            self.adopt(state, step.redraft)
+            state.drafter_forwards = call.drafter.row_forwards
 
-    def continue_drafts(self, state: WindowState, call: DraftedCall) -> None:
-        """Each row's next `continuation` drafts (after its last committed token) from the drafter."""
-        device = state.tokens.device
-        root = device_ints(state.committed, device) - 1
-        drafts, q = draw_chain(call.drafter, root, self.continuation, call.generators)
+    def draw_redraft(
+        self, step: WindowStep, committed: torch.Tensor, previous: torch.Tensor, tokens: torch.Tensor
+    ) -> Redraft:
+        """The drafter catches up on the committed tokens, with the target's features of this forward, then drafts
+        each row's next `continuation` positions."""
+        state, logits, slots, call = step.state, step.logits, step.slots, step.call
+        device, N, A = state.tokens.device, state.tokens.shape[1], slots.shape[1]
+        offsets = torch.arange(A, device=device)
+        count = torch.where(committed < N, committed - previous, 0).clamp(max=A)
+        gen_pos = (previous[:, None] + offsets[None, :]).clamp(max=N - 1)
+        tokens = torch.where(offsets[None, :] < count[:, None], tokens, 0)
+        hidden = logits.features.hidden
+        index = call.drafter.to_rows(slots)[..., None].expand(-1, -1, hidden.shape[-1])
+        call.drafter.catch_up(hidden.gather(1, index), tokens, gen_pos, count)
+        return self.continue_drafts(call, committed)
+
+    def continue_drafts(self, call: DraftedCall, committed: torch.Tensor) -> Redraft:
+        """Each row's next `continuation` drafts (after its last committed token, `committed` [B] - 1) from the
+        drafter."""
+        drafts, q = draw_chain(call.drafter, committed - 1, self.continuation, call.generators)
+        return Redraft(drafts, q)
+
+    def adopt(self, state: WindowState, redraft: Redraft) -> None:
+        """The drafter's drafts replace each row's first carried ones."""
         N = state.tokens.shape[1]
         for b, n in enumerate(state.committed):
             k = max(0, min(self.continuation, N - n))
             if k:
-                state.carried[b] = torch.cat([drafts[b, :k], state.carried[b][k:]])
-                state.carried_q[b] = torch.cat([q[b, :k], state.carried_q[b][k:]])
+                state.carried[b] = torch.cat([redraft.drafts[b, :k], state.carried[b][k:]])
+                state.carried_q[b] = torch.cat([redraft.q[b, :k], state.carried_q[b][k:]])
+                if state.carried_room is not None:
+                    state.carried_room[b] = redraft.room[b][:k] + state.carried_room[b][k:]
 
 
 @dataclass(eq=False, kw_only=True)

@@ -29,6 +29,7 @@ import torch
 from sjd.decoders.headed import HeadsContinuation
 from sjd.decoders.sjd_pac import SJDPACDecoder, TreeState
 from sjd.decoders.window import WindowCall
+from sjd.decoders.window_state import Redraft
 from sjd.drafters.heads import HEADS_KEY, DraftHeads, load_heads
 from sjd.models.base import ModelAdapter
 from sjd.types import FEATURES, ImageLayout
@@ -97,12 +98,14 @@ class HawkDecoder(HeadsContinuation, SJDPACDecoder):
         state = super().new_state(B, layout, device)
         return HawkState(**vars(state), speculations=[{} for _ in range(B)])
 
-    def redraft(
-        self, state: HawkState, call: WindowCall, features: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The horizontal drafts replace the chain (HeadsContinuation.redraft); the vertical ones wait in the cache,
+    @property
+    def siblings_from_q(self) -> bool:
+        return False  # the siblings are cached speculations, counted on the host (`sibling_room`)
+
+    def adopt(self, state: HawkState, call: WindowCall, redraft: Redraft) -> None:
+        """The horizontal drafts replace the chain (HeadsContinuation.adopt); the vertical ones wait in the cache,
         and speculations the commit has passed are dropped."""
-        positions, drafts, q = super().redraft(state, call, features)
+        super().adopt(state, call, redraft)
         offsets, N = self.load(call.adapter).offsets, call.layout.n_tokens
         vertical = [k for k, d in enumerate(offsets) if d in self.vertical_offsets(call.layout)]
         for b, n in enumerate(state.committed):
@@ -112,15 +115,14 @@ class HawkDecoder(HeadsContinuation, SJDPACDecoder):
             for k in vertical:
                 m = n - 1 + int(offsets[k])  # the feature predicts n - 1
                 if m < N:
-                    cache.setdefault(m, []).append((int(offsets[k]), drafts[b, k], q[b, k]))
+                    cache.setdefault(m, []).append((int(offsets[k]), redraft.drafts[b, k], redraft.q[b, k]))
                     cache[m].sort(key=lambda entry: entry[0])
-        return positions, drafts, q
 
-    def sibling_room(self, state: HawkState) -> list[list[tuple[float, int]]]:
+    def sibling_room(self, state: HawkState) -> list[list[tuple[bool, int]]]:
         """Per row, at its first `branch_depth` chain positions: how many speculations wait there (host-side)."""
         out = []
         for n, cache in zip(state.committed, state.speculations):
-            out.append([(0.0, len(cache.get(n + k, ()))) for k in range(self.branch_depth)])
+            out.append([(True, len(cache.get(n + k, ()))) for k in range(self.branch_depth)])
         return out
 
     def plan_row(
@@ -131,7 +133,7 @@ class HawkDecoder(HeadsContinuation, SJDPACDecoder):
         width: int,
         layout: ImageLayout,
         generator: torch.Generator,
-        room: list[tuple[float, int]],
+        room: list[tuple[bool, int]],
     ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """The chain is the horizontal heads' reach; siblings take what the window leaves, nearest position first."""
         n, N = state.committed[b], layout.n_tokens

@@ -28,7 +28,7 @@ from sjd.core.staging import device_ints
 from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.sjd_pac import SJDPACDecoder
 from sjd.decoders.window import WindowCall, WindowStep
-from sjd.decoders.window_state import WindowState
+from sjd.decoders.window_state import Redraft, WindowState
 from sjd.drafters.heads import DraftHeads, draw_from_heads, heads_record, heads_settings, load_heads
 from sjd.models.base import ModelAdapter
 from sjd.types import FEATURES
@@ -40,6 +40,8 @@ REPLACE = ("all", "missing")
 class HeadsContinuation:
     """Mixin before a window decoder class: the heads' settings (`weights`; `head`, the LM head's rows they run:
     the image codes' by default) and the two hooks they fill (`begin`, `after_commit`)."""
+
+    redrafts = True  # after every commit (sjd.decoders.window)
 
     heads: dict | None = None
     replace: str = "all"  # all: the heads' drafts replace the carried ones; missing: they only extend them
@@ -71,45 +73,58 @@ class HeadsContinuation:
         heads = self.load(call.adapter)
         state.head_forwards, state.heads = [0] * len(state.committed), len(heads.offsets)
         features = call.clock.prefill_features.hidden[:, -1]  # the prompt's last slot predicts position 0
-        self.redraft(state, call, features)
+        redraft = self.draw_heads(call, features, device_ints(state.committed, features.device) - 1)
+        self.read_room(state, redraft)
+        self.adopt(state, call, redraft)
 
     def after_commit(self, step: WindowStep) -> None:
         super().after_commit(step)
         state, call = step.state, step.call
         if all(n >= state.tokens.shape[1] for n in state.committed):
             return
-        device = state.tokens.device
-        committed = device_ints(state.committed, device)
-        previous = device_ints(state.previous, device)
+        if step.redraft is None:  # drawn here, after the commit's read (SJD-PAC's commit draws it before its read)
+            device = state.tokens.device
+            committed = device_ints(state.committed, device)
+            previous = device_ints(state.previous, device)
+            step.redraft = self.draw_redraft(step, committed, previous, None)
+        self.adopt(state, call, step.redraft)
+
+    def draw_redraft(
+        self, step: WindowStep, committed: torch.Tensor, previous: torch.Tensor, tokens: torch.Tensor | None
+    ) -> Redraft:
+        """One heads call on the feature that predicted each row's last committed token (the heads read no
+        `tokens`)."""
         last = (committed - previous - 1).clamp(min=0, max=step.slots.shape[1] - 1)  # the last committed token's
         slot = step.slots.gather(1, last[:, None])[:, 0]  # ... input-before slot, whose feature predicts it
         hidden = step.logits.features.hidden
-        copies = hidden.shape[0] // len(state.committed)
-        rows = torch.arange(hidden.shape[0], device=device)
-        self.redraft(state, call, hidden[rows, slot.repeat(copies)])
+        copies = hidden.shape[0] // len(committed)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        return self.draw_heads(step.call, hidden[rows, slot.repeat(copies)], committed - 1)
 
-    def redraft(
-        self, state: WindowState, call: WindowCall, features: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One heads call on `features` [R, H], each row's predicting its last committed position: the drafts
-        at `offsets` after it replace (or extend) the row's carried drafts. Returns the call's positions, drafts
-        and q (draw_from_heads), for drafts a subclass keeps elsewhere."""
+    def draw_heads(self, call: WindowCall, features: torch.Tensor, predicts: torch.Tensor) -> Redraft:
+        """One heads call on `features` [R, H], each row's predicting its position `predicts` [B]: a draft at each
+        of the heads' offsets after it, and its q."""
         heads = self.load(call.adapter)
-        committed = state.committed
-        predicts = device_ints(committed, features.device) - 1
         code_head = self.heads["head"] == "codes"
-        positions, drafts, q = draw_from_heads(
+        _, drafts, q = draw_from_heads(
             heads, call.adapter, call.sampling, features, predicts, call.generators, code_head
         )
         call.clock.lap("drafter")
-        N = state.tokens.shape[1]
-        for b, n in enumerate(committed):
+        return Redraft(drafts, q)
+
+    def adopt(self, state: WindowState, call: WindowCall, redraft: Redraft) -> None:
+        """The heads' drafts at `offsets` after each row's last committed position replace (or extend) the row's
+        carried drafts (with their sibling room, where the state keeps it)."""
+        heads, N = self.load(call.adapter), state.tokens.shape[1]
+        drafts, q = redraft.drafts, redraft.q
+        for b, n in enumerate(state.committed):
             if n >= N:
                 continue
             state.head_forwards[b] += 1
             carried, carried_q = state.carried[b], state.carried_q[b]
+            room = list(state.carried_room[b]) if state.carried_room is not None else None
             for k in sorted(range(len(heads.offsets)), key=lambda k: heads.offsets[k]):
-                index = int(heads.offsets[k]) - 1  # positions[b, k] - committed: predicts = committed - 1
+                index = int(heads.offsets[k]) - 1  # the draft's position - committed: predicts = committed - 1
                 if n + index >= N or index > len(carried):
                     break
                 if index < len(carried) and self.replace == "missing":
@@ -117,12 +132,17 @@ class HeadsContinuation:
                 if index == len(carried):
                     carried = torch.cat([carried, drafts[b, k : k + 1]])
                     carried_q = torch.cat([carried_q, q[b, k : k + 1]])
+                    if room is not None:
+                        room.append(redraft.room[b][k])
                 else:
                     if carried is state.carried[b]:
                         carried, carried_q = carried.clone(), carried_q.clone()
                     carried[index], carried_q[index] = drafts[b, k], q[b, k]
+                    if room is not None:
+                        room[index] = redraft.room[b][k]
             state.carried[b], state.carried_q[b] = carried, carried_q
-        return positions, drafts, q
+            if room is not None:
+                state.carried_room[b] = room
 
 
 @dataclass(eq=False, kw_only=True)

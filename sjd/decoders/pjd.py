@@ -43,13 +43,15 @@ Our choices where the official code leaves room (config in conf/decoder/pjd.yaml
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from sjd.core.drafts import SCHEMES, fresh_drafts, one_hot
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
+from sjd.core.staging import device_ints, to_device
+from sjd.core.verify import VerifyResult
 from sjd.core.verify import verify as speculative_verify
 from sjd.decoders.base import Decoder, DecodeResult, ForwardClock
 from sjd.models.base import ModelAdapter
@@ -75,15 +77,31 @@ class Segment:
         return self.n_committed + (self.anchor_draft is not None)
 
 
-def row_segments(plan: list[Segment], p: torch.Tensor) -> Iterator[tuple[Segment, torch.Tensor]]:
-    """Each image row's segment of a batch row's plan, with p at its slots (`p_seg[j]` predicts the row's column
-    done + j); lead-in segments are skipped."""
-    i = 0
-    for seg in plan:
-        n_in = len(seg.positions)
-        if seg.row >= 0:
-            yield seg, p[i : i + n_in]
-        i += n_in
+def window_holds(plan: list[Segment], draft_holds: dict[int, list[bool]]) -> list[bool]:
+    """Per window slot of a batch row's plan: whether it held the token committed at its position after the commit.
+    Committed inputs do, a draft anchor never counts, and draft slots as `draft_holds` says (by the segment's index in
+    the plan; none that is not there)."""
+    out: list[bool] = []
+    for k, seg in enumerate(plan):
+        if seg.row < 0:
+            out += [True] * len(seg.positions)
+        else:
+            n = len(seg.positions) - seg.n_lead
+            out += [True] * seg.n_committed + [False] * (seg.n_lead - seg.n_committed)
+            out += draft_holds.get(k, [False] * n)
+    return out
+
+
+@dataclass
+class SegmentTest:
+    """One row segment's speculative test, on the device, before anything is read."""
+
+    index: int  # the segment's index in its batch row's plan
+    seg: Segment
+    p: torch.Tensor  # p at its slots
+    uniforms: torch.Tensor  # [2, n + 1]: the acceptance tests and the residual, then the next drafts
+    result: VerifyResult
+    outcome: torch.Tensor  # [2] long: drafts accepted, and whether the token after them equals the draft there
 
 
 @dataclass
@@ -99,9 +117,11 @@ class RowCall:
 class RowState:
     """One batch row: tokens, what is committed, per image row its progress and carried drafts."""
 
-    tokens: torch.Tensor  # [N]
-    committed: torch.Tensor  # [N] bool
-    written: torch.Tensor  # [N] bool: K/V in the cache
+    tokens: torch.Tensor  # [N] on the device
+    # The host decides every commit and what each window writes, so these two live on the host: the plan reads them
+    # position by position, and the forward's `keep` goes over in a non-blocking copy (sjd.core.staging).
+    committed: torch.Tensor  # [N] bool, on the host
+    written: torch.Tensor  # [N] bool, on the host: K/V in the cache
     done: list[int]  # codes committed per image row
     started: list[bool]
     carried: list[torch.Tensor]
@@ -109,7 +129,7 @@ class RowState:
     accepted: list[int] = field(default_factory=list)
 
     def complete(self) -> bool:
-        return all(self.committed.tolist())
+        return bool(self.committed.all())
 
 
 @dataclass(eq=False, kw_only=True)
@@ -168,11 +188,13 @@ class PJDDecoder(Decoder):
         sampling: SamplingConfig,
         generators: Sequence[torch.Generator],
     ) -> DecodeResult:
-        """The row loop: plan every batch row's segments, one forward of them all, then verify and commit each
-        batch row (the hooks `plan_row`, `verify_row` and `finish_call`, which SSD fills with its own)."""
+        """The row loop: plan every batch row's segments, one forward of them all, then verify and commit every
+        batch row (the hooks `plan_row`, `verify_rows` and `finish_call`, which SSD fills with its own). The host
+        plans from what it decided itself; verification reads the device once an iteration."""
         layout, device, B = adapter.layout, adapter.device, len(prompts)
         call = self.new_call(adapter, sampling)
         first_tokens = call.clock.start(prompts, sampling, generators)
+        call.clock.defer_finite_check = True  # the forwards' NaN/inf flags come over with the accepted counts
         states = [self._initial_state(layout, first_tokens[b], device) for b in range(B)]
         n_forward = [1] * B
 
@@ -181,17 +203,17 @@ class PJDDecoder(Decoder):
             tokens, positions, mask = self.window_inputs(plans, states, layout.n_tokens, device)
             keep = torch.stack([s.committed for s in states])
             call.clock.lap("draft")
-            logits = call.clock.forward_at(tokens, positions, keep, mask)
-            p = self.target_probs(logits, positions, layout, sampling)
+            # The layout was built on the host; it goes over in non-blocking copies (sjd.core.staging), no sync.
+            on_device = [to_device(t, device) for t in (positions, keep, mask)]
+            logits = call.clock.forward_at(tokens, *on_device)
+            p = self.target_probs(logits, on_device[0], layout, sampling)
             call.clock.lap("pipeline")
+            holds = self.verify_rows(states, plans, p, call, generators, logits, positions)
             for b, (s, plan) in enumerate(zip(states, plans)):
-                if not plan:
-                    continue
-                s.accepted.append(self.verify_row(s, plan, p[b], call, generators[b], logits, b, positions[b]))
-                call.clock.lap("verify")  # the last segment's next drafts
-                self.mark_written(s, plan, positions[b], tokens[b])
-                n_forward[b] += 1
-                call.clock.lap("commit")
+                if plan:
+                    self.mark_written(s, plan, positions[b], holds[b])
+                    n_forward[b] += 1
+            call.clock.lap("commit")
 
         return self.finish_call(call, states, n_forward)
 
@@ -203,33 +225,51 @@ class PJDDecoder(Decoder):
     def plan_row(self, s: RowState, call: RowCall, generator: torch.Generator) -> list[Segment]:
         return self.plan(s, call.adapter.layout, generator)
 
-    def verify_row(
+    def verify_rows(
         self,
-        s: RowState,
-        plan: list[Segment],
+        states: list[RowState],
+        plans: list[list[Segment]],
         p: torch.Tensor,
         call: RowCall,
-        generator: torch.Generator,
+        generators: Sequence[torch.Generator],
         logits: Logits,
-        b: int,
         positions: torch.Tensor,
-    ) -> int:
-        """Verify and commit batch row b's segments (`logits` and `positions`: the forward's, for a decoder that
-        reads the target's features); returns the codes committed."""
-        return self.verify_and_commit(s, plan, p, call.adapter.layout, generator, call.clock)
+    ) -> list[list[bool]]:
+        """Verify and commit every batch row's segments (`logits` and `positions` [B, W], on the host: the
+        forward's, for a decoder that reads the target's features). Each row's codes committed go to its
+        `accepted`; returns, per batch row, `window_holds` of its window. Every segment is tested on the device
+        first; one copy brings all their outcomes to the host, with the forwards' NaN/inf flags."""
+        tests = [self.test_segments(plan, p[b], generators[b]) for b, plan in enumerate(plans)]
+        call.clock.lap("verify")
+        flat = [t.outcome for row in tests for t in row]
+        values = call.clock.read(torch.cat(flat) if flat else torch.zeros(0, dtype=torch.long, device=p.device))
+        holds, i = [], 0
+        for s, plan, row in zip(states, plans, tests):
+            top = min((seg.row for seg in plan if seg.row >= 0), default=-1)
+            committed_now, draft_holds = 0, {}
+            for t in row:
+                n_acc, same = values[i], bool(values[i + 1])
+                i += 2
+                take = self.commit_segment(s, t, n_acc, top, call.adapter.layout)
+                draft_holds[t.index] = [j < n_acc or (j == n_acc < take and same) for j in range(len(t.seg.drafts))]
+                committed_now += take
+            if plan:
+                s.accepted.append(committed_now)
+            holds.append(window_holds(plan, draft_holds))
+        return holds
 
     def finish_call(self, call: RowCall, states: list[RowState], n_forward: list[int]) -> DecodeResult:
         return call.clock.finish(torch.stack([s.tokens for s in states]), n_forward, [s.accepted for s in states])
 
     @staticmethod
-    def mark_written(s: RowState, plan: list[Segment], positions: torch.Tensor, tokens: torch.Tensor) -> None:
+    def mark_written(s: RowState, plan: list[Segment], positions: torch.Tensor, holds: list[bool]) -> None:
         """After a forward: the cache holds a committed token's K/V only where the window wrote that very
-        token, once. The cache keeps slots by position, so a position written twice in one window (row
-        r-1's draft of its last code and row r's draft anchor there), or whose slot was a draft anchor
+        token, once (`positions` [W] on the host; `holds[i]`: whether slot i held the token committed at its
+        position, `window_holds`). The cache keeps slots by position, so a position written twice in one window
+        (row r-1's draft of its last code and row r's draft anchor there), or whose slot was a draft anchor
         (its K/V saw only part of the row above), is not written: a later forward rewrites it."""
-        device = s.tokens.device
-        wrote = positions[positions >= 0].to(device)
-        s.written[wrote] = s.committed[wrote] & (s.tokens[wrote] == tokens[: len(wrote)].to(device))
+        wrote = positions[positions >= 0]
+        s.written[wrote] = s.committed[wrote] & torch.tensor(holds[: len(wrote)], dtype=torch.bool)
         counts = torch.bincount(wrote, minlength=len(s.written))
         stale = counts > 1
         for seg in plan:
@@ -242,7 +282,7 @@ class PJDDecoder(Decoder):
         forced = layout.forced_on(device)
         tokens = torch.where(forced >= 0, forced, 0)
         tokens[0] = first
-        committed = forced >= 0
+        committed = layout.forced >= 0  # on the host, as the layout's own table
         committed[0] = True
         empty = torch.empty(0, dtype=torch.long, device=device)
         H = layout.height
@@ -312,16 +352,17 @@ class PJDDecoder(Decoder):
         start = self._pos(layout, r - 1, col) + len(drafts)
         known = s.tokens.clone()
         known[start - len(drafts) : start] = drafts
-        span = torch.arange(start, self._pos(layout, r - 1, w), device=known.device)
+        end, stride = self._pos(layout, r - 1, w), layout.row_stride
         scheme = self.init
-        if r >= 2 and not s.committed[span - layout.row_stride].all():
+        if r >= 2 and not s.committed[start - stride : end - stride].all():
             scheme = "random" if scheme == "random" else "horizontal"  # never copy an uncommitted token above
-        return fresh_drafts(scheme, known, start, len(span), layout, generator)[-1]
+        return fresh_drafts(scheme, known, start, end - start, layout, generator)[-1]
 
     def window_inputs(
         self, plans: list[list[Segment]], states: list[RowState], n_tokens: int, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Concatenate each batch row's segments; build the row-causal window mask."""
+        """Concatenate each batch row's segments; build the row-causal window mask. Tokens [B, W] on the device;
+        positions [B, W] and the mask [B, W, W] on the host, where they were laid out."""
         W = max(1, max(sum(len(seg.positions) for seg in plan) for plan in plans))
         B = len(plans)
         tokens = torch.zeros(B, W, dtype=torch.long, device=device)
@@ -333,7 +374,6 @@ class PJDDecoder(Decoder):
             for k, seg in enumerate(plan):
                 n = len(seg.positions)
                 positions[b, i : i + n] = torch.tensor(seg.positions)
-                tokens[b, i : i + seg.n_committed] = states[b].tokens[seg.positions[: seg.n_committed]]
                 if seg.anchor_draft is not None:  # uncommitted: only this segment's own slots see it
                     tokens[b, i + seg.n_committed] = seg.anchor_draft
                 if seg.drafts is not None:
@@ -341,6 +381,10 @@ class PJDDecoder(Decoder):
                 segment_id[b, i : i + n] = k
                 is_committed[b, i : i + seg.n_committed] = True
                 i += n
+        # Committed inputs are the rows' own tokens, gathered on the device at the positions the host laid out.
+        rows = torch.stack([s.tokens for s in states])
+        at = to_device(torch.where(is_committed, positions, 0), device)
+        tokens = torch.where(to_device(is_committed, device), rows.gather(1, at), tokens)
         idx = torch.arange(W)
         same = (segment_id[:, :, None] == segment_id[:, None, :]) & (segment_id[:, :, None] >= 0)
         own_row = same & (idx[None, :, None] >= idx[None, None, :])
@@ -350,9 +394,10 @@ class PJDDecoder(Decoder):
     def target_probs(
         self, logits: Logits, positions: torch.Tensor, layout: ImageLayout, sampling: SamplingConfig
     ) -> torch.Tensor:
-        """p at every slot: the distribution of the raster position after the slot's own."""
+        """p at every slot (`positions` [B, W] on the device): the distribution of the raster position after the
+        slot's own."""
         predicted = torch.where(positions >= 0, positions + 1, layout.n_tokens).clamp(max=layout.n_tokens)
-        return logits_to_probs(logits, predicted.to(logits.cond.device), layout, sampling)
+        return logits_to_probs(logits, predicted, layout, sampling)
 
     def next_drafts(
         self, seg: Segment, p_seg: torch.Tensor, uniforms: torch.Tensor, n: int, n_acc: int, take: int, end: int
@@ -361,56 +406,49 @@ class PJDDecoder(Decoder):
         Jacobi update, except that a draft past the first rejection stays if min(1, p/q) exceeds the
         keep threshold."""
         samples = sample_from(p_seg, uniforms)
-        j = torch.arange(take, end)
-        new_d, new_q = samples[j], p_seg[j]
-        old = j[j < n]
-        if n_acc < n and len(old):  # drafts past the first rejection
-            ratio = p_seg[old].gather(1, seg.drafts[old, None]).squeeze(1) / seg.q[old].gather(
-                1, seg.drafts[old, None]
-            ).squeeze(1).clamp_min(1e-30)
+        new_d, new_q = samples[take:end], p_seg[take:end]
+        lo, hi = take, min(end, n)  # the slots that held a draft
+        if n_acc < n and hi > lo:  # drafts past the first rejection
+            d = seg.drafts[lo:hi, None]
+            ratio = p_seg[lo:hi].gather(1, d).squeeze(1) / seg.q[lo:hi].gather(1, d).squeeze(1).clamp_min(1e-30)
             keep = ratio.clamp(max=1.0) > self.keep_threshold
-            keep[old == n_acc] = False  # the rejected slot itself takes the model's sample
-            k = torch.arange(len(old))[keep]
-            new_d[k] = seg.drafts[old[keep]]
-            new_q[k] = seg.q[old[keep]]
+            if lo <= n_acc < hi:
+                keep[n_acc - lo] = False  # the rejected slot itself takes the model's sample
+            new_d = torch.cat([torch.where(keep, seg.drafts[lo:hi], new_d[: hi - lo]), new_d[hi - lo :]])
+            new_q = torch.cat([torch.where(keep[:, None], seg.q[lo:hi], new_q[: hi - lo]), new_q[hi - lo :]])
         return new_d, new_q
 
-    def verify_and_commit(
-        self,
-        s: RowState,
-        plan: list[Segment],
-        p: torch.Tensor,
-        layout: ImageLayout,
-        generator: torch.Generator,
-        clock: ForwardClock,
-    ) -> int:
-        """Speculative test of every row segment of one batch row; returns codes committed. The
-        segments' verify and commit stages are timed on `clock` as they alternate."""
-        w, committed_now = layout.width, 0
-        top = min((seg.row for seg in plan if seg.row >= 0), default=-1)
-        for seg, p_seg in row_segments(plan, p):
-            r, n = seg.row, len(seg.positions) - 1
+    @staticmethod
+    def test_segments(plan: list[Segment], p: torch.Tensor, generator: torch.Generator) -> list[SegmentTest]:
+        """The speculative test of every row segment of one batch row's plan (p [W, V] at its slots), on the
+        device: nothing is read."""
+        tests, i = [], 0
+        for k, seg in enumerate(plan):
+            p_seg, i = p[i : i + len(seg.positions)], i + len(seg.positions)
+            if seg.row < 0:
+                continue
+            n = len(seg.positions) - 1
             u = torch.rand(2, n + 1, generator=generator, device=p.device)
             result = speculative_verify(
-                p_seg[None],
-                seg.drafts[None],
-                seg.q[None],
-                torch.tensor([n], device=p.device),
-                u[0, None, :n],
-                u[0, n, None],
+                p_seg[None], seg.drafts[None], seg.q[None], device_ints([n], p.device), u[0, None, :n], u[0, n, None]
             )
-            n_acc = int(result.n_accepted)
-            clock.lap("verify")  # a segment's next drafts are timed with the next lap's verify
-            col = s.done[r]
-            start = self._pos(layout, r, col)
-            s.tokens[start : start + n_acc] = seg.drafts[:n_acc]
-            take = n_acc
-            if (r == top or self.every_row_samples) and col + n_acc < w:  # the residual or bonus token
-                s.tokens[start + n_acc] = result.next_token[0]
-                take += 1
-            s.committed[start : start + take] = True
-            s.done[r] = col + take
-            clock.lap("commit")
-            s.carried[r], s.carried_q[r] = self.next_drafts(seg, p_seg, u[1], n, n_acc, take, min(n + 1, w - col))
-            committed_now += take
-        return committed_now
+            after = torch.cat([seg.drafts, seg.drafts.new_full((1,), -1)]).gather(0, result.n_accepted)
+            outcome = torch.cat([result.n_accepted.long(), (result.next_token == after).long()])
+            tests.append(SegmentTest(k, seg, p_seg, u, result, outcome))
+        return tests
+
+    def commit_segment(self, s: RowState, t: SegmentTest, n_acc: int, top: int, layout: ImageLayout) -> int:
+        """Commit a tested segment's `n_acc` accepted drafts, and the residual (or bonus) token after them in the top
+        active row (every row in ZipAR); its next drafts carry on. Returns the codes committed."""
+        seg, w = t.seg, layout.width
+        r, n, col = seg.row, len(seg.positions) - 1, s.done[seg.row]
+        start = self._pos(layout, r, col)
+        s.tokens[start : start + n_acc] = seg.drafts[:n_acc]
+        take = n_acc
+        if (r == top or self.every_row_samples) and col + n_acc < w:  # the residual or bonus token
+            s.tokens[start + n_acc] = t.result.next_token[0]
+            take += 1
+        s.committed[start : start + take] = True
+        s.done[r] = col + take
+        s.carried[r], s.carried_q[r] = self.next_drafts(seg, t.p, t.uniforms[1], n, n_acc, take, min(n + 1, w - col))
+        return take

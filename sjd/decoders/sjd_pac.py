@@ -29,6 +29,10 @@ Our choices (SJD-PAC's code is unreleased; its page gives depth 3, width 4):
   one-hot draft has nothing to draw them from, and those slots go to the chain.
 - Sibling slots are transient in the cache; when one is committed, the next forward rewrites
   its position as a lead-in slot (the chain slot there held the rejected draft).
+- The window's shape depends on how many siblings each carried draft can have (its q's sibling room). The
+  device computes it for every draft a row may carry on, and it comes to the host in the commit's one read,
+  with the accepted lengths: one host sync an iteration. A drafter's or heads' continuation is drawn before
+  that read for the same reason.
 """
 
 from __future__ import annotations
@@ -52,10 +56,10 @@ from sjd.decoders.base import DecodeResult, ForwardClock
 from sjd.decoders.coupled import Coupled
 from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.window import WindowCall, WindowStep
-from sjd.decoders.window_state import WindowState
+from sjd.decoders.window_state import WindowState, room_rows
 from sjd.types import CUSTOM_MASK, WINDOW, ImageLayout
 
-ONE_HOT = 1.0 - 1e-6  # a q whose top mass is above this has no room for siblings
+ONE_HOT = 1.0 - 1e-6  # a q whose top mass is not below this has no room for siblings
 
 
 @dataclass
@@ -129,8 +133,14 @@ class SJDPACDecoder(Coupled, SJDDecoder):
             )
         super().__post_init__()
 
+    @property
+    def siblings_from_q(self) -> bool:
+        """Whether the plan gives a carried draft siblings by the room its q has (`carried_room`)."""
+        return self.branches > 1 and self.branch_depth > 0
+
     def new_state(self, B: int, layout: ImageLayout, device: torch.device) -> TreeState:
         state = super().new_state(B, layout, device)
+        state.carried_room = [[] for _ in range(B)] if self.siblings_from_q else None
         return TreeState(**vars(state), cached=[0] * B, branch_commits=[0] * B)
 
     def new_step(self, call: WindowCall, state: WindowState, widths: list[int]) -> TreeStep:
@@ -171,29 +181,55 @@ class SJDPACDecoder(Coupled, SJDDecoder):
         step.verdict = TreeVerdict(step.result, p_chain, picked, sib_p, bonus, step.samples, step.samples_q)
 
     def commit(self, step: TreeStep) -> None:
-        self.commit_tree(step.state, step.window, step.verdict, step.widths)
-        step.slots = self.tree_committed_slots(step.window, step.verdict)
+        """One read brings the accepted lengths and siblings to the host, and with them the sibling room of every
+        draft a row may carry on (the next window's shape depends on it): the chain slots' next drafts and a
+        continuation's, which is drawn here, before the read, from the commit as the device knows it."""
+        state, win, verdict = step.state, step.window, step.verdict
+        step.slots = self.tree_committed_slots(win, verdict)
+        if self.redrafts:
+            committed, previous, tokens = self.commit_on_device(step)
+            step.redraft = self.draw_redraft(step, committed, previous, tokens)
+        room = self.room_of(state, verdict.samples, verdict.samples_q)
+        redraft_room = self.room_of(state, step.redraft.drafts, step.redraft.q) if step.redraft else None
+        host_room = self.commit_tree(state, win, verdict, step.widths, room, redraft_room)
+        if redraft_room is not None:
+            step.redraft.room = host_room
         self.after_commit(step)
 
+    def commit_on_device(self, step: TreeStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What `commit_tree` will commit, as device tensors, before any read: each row's committed and previous
+        length [B] after it, and the tokens at previous, previous + 1, ... [B, C+2] (those below committed
+        are the committed ones)."""
+        state, win, verdict, device = step.state, step.window, step.verdict, step.call.device
+        N, (B, C) = state.tokens.shape[1], win.drafts.shape
+        n, previous = device_ints(state.committed, device), device_ints(state.previous, device)
+        live = device_ints(step.widths, device) > 0
+        j, picked = verdict.result.n_accepted, verdict.picked
+        take = j + 1 + ((picked >= 0) & (n + j + 1 < N)).long()  # the sibling's bonus, inside the image
+        end = verdict.result.next_token
+        D, K1 = win.siblings.shape[1:]
+        if D and K1:
+            rows = torch.arange(B, device=device)
+            sibling = win.siblings[rows, j.clamp(max=D - 1), picked.clamp(min=0)]
+            end = torch.where(picked >= 0, sibling, end)
+        offsets = torch.arange(C + 2, device=device)[None, :]
+        chain = torch.cat([win.drafts, torch.zeros(B, 2, dtype=win.drafts.dtype, device=device)], 1)
+        tokens = torch.where(
+            offsets < j[:, None], chain, torch.where(offsets == j[:, None], end[:, None], verdict.bonus[:, None])
+        )
+        return torch.where(live, n + take, n), torch.where(live, n, previous), tokens
+
     # -- phases --------------------------------------------------------------------------------------
-    def sibling_room(self, state: WindowState) -> list[list[tuple[float, int]]]:
-        """Per row, for each of its first `branch_depth` carried drafts: the top mass of the draft's q (a one-hot
-        q has no room for siblings) and how many siblings q can give (its ids with mass, the chain draft's
-        excepted). The window's shape depends on them, so they come to the host: all rows in one copy."""
-        D = self.branch_depth
-        if self.branches == 1 or D == 0:
+    def room_of(self, state: WindowState, drafts: torch.Tensor, q: torch.Tensor) -> torch.Tensor | None:
+        return room_stats(q, drafts) if state.carried_room is not None else None
+
+    def sibling_room(self, state: WindowState) -> list[list[tuple[bool, int]]]:
+        """Per row, for each of its first `branch_depth` carried drafts: whether the draft's q has room for
+        siblings (a one-hot q has none) and how many siblings q can give (its ids with mass, the chain draft's
+        excepted); on the host already, read with the last commit's counts (`carried_room`)."""
+        if not self.siblings_from_q:
             return [[] for _ in state.committed]
-        parts = []
-        for q, d in zip(state.carried_q, state.carried):
-            q, d = q[:D], d[:D]
-            room = (q > 0).sum(-1) - (q.gather(1, d[:, None])[:, 0] > 0).long()
-            parts.append(torch.stack([q.max(-1).values, room.to(q.dtype)], -1))  # counts < 2^24: exact in float32
-        flat = torch.cat(parts).tolist()
-        out, start = [], 0
-        for part in parts:
-            out.append([(top, int(room)) for top, room in flat[start : start + len(part)]])
-            start += len(part)
-        return out
+        return [room[: self.branch_depth] for room in state.carried_room]
 
     def plan_row(
         self,
@@ -203,7 +239,7 @@ class SJDPACDecoder(Coupled, SJDDecoder):
         width: int,
         layout: ImageLayout,
         generator,
-        room: list[tuple[float, int]],
+        room: list[tuple[bool, int]],
     ):
         """Chain drafts (carried, topped up with fresh ones), their q, and how many siblings each of the first
         `depth` of them gets (`room`: the row's `sibling_room`)."""
@@ -211,7 +247,7 @@ class SJDPACDecoder(Coupled, SJDDecoder):
         budget = max(width - lead, 0) if width else 0  # inputs left after the lead-in
         depth = 0
         if K > 1:
-            while depth < min(self.branch_depth, len(room)) and room[depth][0] < ONE_HOT and (depth + 1) * K <= budget:
+            while depth < min(self.branch_depth, len(room)) and room[depth][0] and (depth + 1) * K <= budget:
                 depth += 1
         n_chain = min(budget - depth * (K - 1), N - n)
         d, dq = self.top_up(state, b, n_chain, layout, generator)
@@ -299,11 +335,28 @@ class SJDPACDecoder(Coupled, SJDDecoder):
         return sib, None
 
     @staticmethod
-    def commit_tree(state: TreeState, win: TreeWindow, verdict: TreeVerdict, widths: list[int]) -> None:
-        """SJD's commit of the accepted chain; where a sibling was accepted, it and its bonus end the row."""
+    def commit_tree(
+        state: TreeState,
+        win: TreeWindow,
+        verdict: TreeVerdict,
+        widths: list[int],
+        room: torch.Tensor | None = None,
+        redraft_room: torch.Tensor | None = None,
+    ) -> list[list[tuple[bool, int]]] | None:
+        """SJD's commit of the accepted chain; where a sibling was accepted, it and its bonus end the row. The
+        accepted lengths and siblings come to the host in one copy, with the sibling room [B, C+1, 2] of the chain
+        slots' next drafts (kept as `carried_room`) and [B, K, 2] of a continuation's drafts (returned)."""
         N, B = state.tokens.shape[1], len(widths)
-        read = state.read_counts(torch.cat([verdict.result.n_accepted, verdict.picked]))  # one copy for both
-        n_accepted, picked = read[:B], read[B:]
+        parts = [
+            verdict.result.n_accepted,
+            verdict.picked,
+            *(t.flatten() for t in (room, redraft_room) if t is not None),
+        ]
+        read = state.read_counts(torch.cat(parts))  # one copy for all
+        n_accepted, picked = read[:B], read[B : 2 * B]
+        rest = read[2 * B :]
+        samples_room = room_rows(rest, *room.shape[:2]) if room is not None else None
+        rest = rest[room.numel() :] if room is not None else rest
         cached, branch_commits = state.cached, state.branch_commits
 
         def end_row(b: int, n: int, j: int) -> int:
@@ -323,8 +376,10 @@ class SJDPACDecoder(Coupled, SJDDecoder):
         # The chain's slots hold the next drafts: lead-in and sibling slots carry nothing.
         spans = [n + 1 if w else 0 for n, w in zip(win.chain_lengths, widths)]
         state.commit(
-            verdict.result, win.drafts, verdict.samples, verdict.p_chain, spans, verdict.samples_q, end_row, n_accepted
-        )
+            verdict.result, win.drafts, verdict.samples, verdict.p_chain, spans, verdict.samples_q, end_row, n_accepted,
+            samples_room,
+        )  # fmt: skip
+        return room_rows(rest, *redraft_room.shape[:2]) if redraft_room is not None else None
 
     @staticmethod
     def tree_committed_slots(win: TreeWindow, verdict: TreeVerdict) -> torch.Tensor:
@@ -342,6 +397,13 @@ class SJDPACDecoder(Coupled, SJDDecoder):
             after = (j + 1).clamp(max=C1)
             slots[rows, after] = torch.where(picked >= 0, sib, slots[rows, after])
         return slots
+
+
+def room_stats(q: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """[..., 2] long: for drafts [...] drawn from q [..., V], whether q has room for siblings (its top mass below
+    ONE_HOT, compared in float64 as the host would) and how many ids q has mass on, the draft's excepted."""
+    room = (q > 0).sum(-1) - (q.gather(-1, drafts[..., None])[..., 0] > 0).long()
+    return torch.stack([(q.amax(-1).double() < ONE_HOT).long(), room], -1)
 
 
 def tree_tests(

@@ -31,14 +31,16 @@ Our choices where the paper, as we could read it, leaves room (all settings, con
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from sjd.core.drafts import fresh_drafts, one_hot
 from sjd.core.sampling import SamplingConfig, logits_to_probs, sample_from
+from sjd.core.staging import to_device
 from sjd.decoders.base import DecodeResult, ForwardClock
-from sjd.decoders.pjd import PJDDecoder, RowCall, RowState, Segment, row_segments
+from sjd.decoders.pjd import PJDDecoder, RowCall, RowState, Segment, window_holds
 from sjd.drafters.heads import HEADS_KEY, DraftHeads, heads_record, heads_settings, load_heads
 from sjd.models.base import ModelAdapter
 from sjd.types import CUSTOM_MASK, FEATURES, WINDOW, ImageLayout, Logits
@@ -53,7 +55,7 @@ class SSDRowState(RowState):
 
     rounds_done: list[int] = field(default_factory=list)
     features: torch.Tensor | None = None  # [N, copies, H]
-    has_feature: torch.Tensor | None = None  # [N] bool
+    has_feature: torch.Tensor | None = None  # [N] bool, on the host (it knows which positions the forwards wrote)
     head_forwards: int = 0
 
 
@@ -138,21 +140,22 @@ class SSDDecoder(PJDDecoder):
     def plan_row(self, s: SSDRowState, call: SSDCall, generator: torch.Generator) -> list[Segment]:
         return self.ssd_plan(s, call, generator)
 
-    def verify_row(
+    def verify_rows(
         self,
-        s: SSDRowState,
-        plan: list[Segment],
+        states: list[SSDRowState],
+        plans: list[list[Segment]],
         p: torch.Tensor,
         call: SSDCall,
-        generator: torch.Generator,
+        generators: Sequence[torch.Generator],
         logits: Logits,
-        b: int,
         positions: torch.Tensor,
-    ) -> int:
+    ) -> list[list[bool]]:
         hidden = logits.features.hidden
         B = logits.cond.shape[0]
-        self.remember_features(s, positions, hidden[b::B])  # the row's conditional, then unconditional, features
-        return self.verify_rounds(s, plan, p, call.adapter.layout, generator)
+        for b, plan in enumerate(plans):
+            if plan:  # the row's conditional, then unconditional, features
+                self.remember_features(states[b], positions[b], hidden[b::B])
+        return self.verify_blocks(states, plans, p, call, generators)
 
     def finish_call(self, call: SSDCall, states: list[SSDRowState], n_forward: list[int]) -> DecodeResult:
         result = super().finish_call(call, states, n_forward)
@@ -166,14 +169,16 @@ class SSDDecoder(PJDDecoder):
 
     @staticmethod
     def remember_features(s: SSDRowState, positions: torch.Tensor, hidden: torch.Tensor) -> None:
-        """Keep each slot's feature as the one that predicts the position after the slot's own."""
+        """Keep each slot's feature as the one that predicts the position after the slot's own (`positions` [W] on
+        the host: which slots those are is the host's to say)."""
         N = len(s.tokens)
         if s.features is None:
             s.features = hidden.new_zeros(N, hidden.shape[0], hidden.shape[-1])
-            s.has_feature = torch.zeros(N, dtype=torch.bool, device=s.tokens.device)
-        slots = (positions >= 0) & (positions + 1 < N)
-        predicted = (positions[slots] + 1).to(s.tokens.device)
-        s.features[predicted] = hidden[:, slots.to(hidden.device)].transpose(0, 1)
+            s.has_feature = torch.zeros(N, dtype=torch.bool)
+        slots = ((positions >= 0) & (positions + 1 < N)).nonzero()[:, 0]
+        predicted = positions[slots] + 1
+        at, rows = to_device(predicted, hidden.device), to_device(slots, hidden.device)
+        s.features[at] = hidden[:, rows].transpose(0, 1)
         s.has_feature[predicted] = True
 
     def ssd_plan(self, s: SSDRowState, call: SSDCall, generator: torch.Generator) -> list[Segment]:
@@ -238,7 +243,7 @@ class SSDDecoder(PJDDecoder):
         for r, start, n in blocks:
             cells = torch.arange(start, start + n, device=s.tokens.device)
             known = s.has_feature if s.features is not None else torch.zeros_like(s.committed)
-            if r > top and bool(known[cells - stride].all()):  # a lower row: below the row above's features
+            if r > top and bool(known[start - stride : start + n - stride].all()):  # a lower row: below the row above
                 latents.append(heads.one(s.features[cells - stride].transpose(0, 1), stride))  # [copies, n, H]
                 where.append((r, start, n))
                 continue
@@ -274,41 +279,100 @@ class SSDDecoder(PJDDecoder):
             i += n
         return out
 
-    def verify_rounds(
-        self, s: SSDRowState, plan: list[Segment], p: torch.Tensor, layout: ImageLayout, generator: torch.Generator
+    def verify_blocks(
+        self,
+        states: list[SSDRowState],
+        plans: list[list[Segment]],
+        p: torch.Tensor,
+        call: SSDCall,
+        generators: Sequence[torch.Generator],
+    ) -> list[list[bool]]:
+        """SSD's verification of every row block: each position on its own; the last round commits the block.
+
+        A block in its last round draws the token after it only if every draft was kept, and its batch row's later
+        blocks draw their tests after that draw; so each batch row's blocks are tested in order up to such a block,
+        every batch row at once, then one copy brings their outcomes (with the forwards' NaN/inf flags) to the host,
+        which commits them, and so on. Blocks in an earlier round read nothing (their tokens are their next drafts,
+        on the device); an iteration where no block ends reads nothing, its NaN/inf flags wait for the next read."""
+        layout = call.adapter.layout
+        pending = [[(k, seg) for k, seg in enumerate(plan) if seg.row >= 0] for plan in plans]
+        offsets = [self.slot_offsets(plan) for plan in plans]
+        cursor, draft_holds, committed_now = [0] * len(plans), [{} for _ in plans], [0] * len(plans)
+        while True:
+            tested = []
+            for b, s in enumerate(states):
+                while cursor[b] < len(pending[b]):
+                    k, seg = pending[b][cursor[b]]
+                    cursor[b] += 1
+                    r, n = seg.row, len(seg.positions) - 1
+                    p_seg = p[b, offsets[b][k] : offsets[b][k] + n + 1]
+                    tokens, kept = independent_accept(p_seg[:n], seg.drafts, seg.q, generators[b])
+                    s.rounds_done[r] += 1
+                    if s.rounds_done[r] < self.rounds:
+                        s.carried[r], s.carried_q[r] = tokens, p_seg[:n]
+                        continue
+                    outcome = torch.cat([kept.all()[None], tokens == seg.drafts]).long()
+                    tested.append((b, k, seg, p_seg, tokens, outcome))
+                    if s.done[r] + n < layout.width:
+                        break  # the token after the block: drawn, or not, before the row's next draws
+            if not tested:
+                break
+            values = call.clock.read(torch.cat([t[-1] for t in tested]))
+            i = 0
+            for b, k, seg, p_seg, tokens, outcome in tested:
+                flags, i = values[i : i + len(outcome)], i + len(outcome)
+                committed_now[b] += self.commit_block(
+                    states[b], seg, p_seg, tokens, bool(flags[0]), layout, generators[b]
+                )
+                draft_holds[b][k] = [bool(f) for f in flags[1:]]  # whether each slot's draft is the committed token
+        for s, plan, codes in zip(states, plans, committed_now):
+            if plan:
+                s.accepted.append(codes)
+        return [window_holds(plan, holds) for plan, holds in zip(plans, draft_holds)]
+
+    @staticmethod
+    def slot_offsets(plan: list[Segment]) -> list[int]:
+        """The window slot where each segment of a batch row's plan starts."""
+        out, i = [], 0
+        for seg in plan:
+            out.append(i)
+            i += len(seg.positions)
+        return out
+
+    def commit_block(
+        self,
+        s: SSDRowState,
+        seg: Segment,
+        p_seg: torch.Tensor,
+        tokens: torch.Tensor,
+        all_kept: bool,
+        layout: ImageLayout,
+        generator: torch.Generator,
     ) -> int:
-        """SSD's verification of every row block: each position on its own; the last round commits the block."""
-        w, committed_now = layout.width, 0
-        for seg, p_seg in row_segments(plan, p):
-            r, n = seg.row, len(seg.positions) - 1
-            tokens, all_kept = independent_accept(p_seg[:n], seg.drafts, seg.q, generator)
-            s.rounds_done[r] += 1
-            if s.rounds_done[r] < self.rounds:
-                s.carried[r], s.carried_q[r] = tokens, p_seg[:n]
-                continue
-            col = s.done[r]
-            start = self._pos(layout, r, col)
-            s.tokens[start : start + n] = tokens
-            take = n
-            if all_kept and col + n < w:  # the token after the block, given the committed tokens
-                s.tokens[start + n] = sample_from(
-                    p_seg[n : n + 1], torch.rand(1, generator=generator, device=p.device)
-                )[0]
-                take += 1
-            s.committed[start : start + take] = True
-            s.done[r] = col + take
-            s.rounds_done[r] = 0
-            s.carried[r], s.carried_q[r] = tokens[:0], p_seg[:0]
-            committed_now += take
-        return committed_now
+        """Commit a block after its last round, and the token after it where every draft was kept (so that its p
+        is conditioned on the committed tokens); returns the codes committed."""
+        r, n, w = seg.row, len(seg.positions) - 1, layout.width
+        col = s.done[r]
+        start = self._pos(layout, r, col)
+        s.tokens[start : start + n] = tokens
+        take = n
+        if all_kept and col + n < w:  # the token after the block, given the committed tokens
+            u = torch.rand(1, generator=generator, device=p_seg.device)
+            s.tokens[start + n] = sample_from(p_seg[n : n + 1], u)[0]
+            take += 1
+        s.committed[start : start + take] = True
+        s.done[r] = col + take
+        s.rounds_done[r] = 0
+        s.carried[r], s.carried_q[r] = tokens[:0], p_seg[:0]
+        return take
 
 
 def independent_accept(
     p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor, generator: torch.Generator
-) -> tuple[torch.Tensor, bool]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """SSD's rule: draft j is kept with probability min(1, p_j(d_j) / q_j(d_j)) whatever happened before it, and
     a rejected one replaced by a draw from the residual max(p_j - q_j, 0) (p_j where that is empty). Returns the
-    tokens and whether every draft was kept."""
+    tokens and which drafts were kept, on the device."""
     n = len(drafts)
     u = torch.rand(2, n, generator=generator, device=p.device)
     pd = p.gather(1, drafts[:, None]).squeeze(1)
@@ -318,4 +382,4 @@ def independent_accept(
     empty = residual.sum(-1, keepdim=True) <= 0
     residual = torch.where(empty, p, residual)
     tokens = torch.where(kept, drafts, sample_from(residual / residual.sum(-1, keepdim=True), u[1]))
-    return tokens, bool(kept.all())
+    return tokens, kept

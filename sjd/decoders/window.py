@@ -9,8 +9,8 @@ four phases, each timed as its stage (sjd.decoders.stages):
     commit   the accepted tokens into the row, the carried drafts, and `after_commit`
 
 Each phase takes one `WindowStep` and writes what the phases after it read. A decoder changes the loop only
-by replacing phases or the hooks they call (`begin`, `accept`, `next_drafts`, `after_commit`). The settings
-every window decoder shares are `WindowSettings`; a decoder's class lists only its own.
+by replacing phases or the hooks they call (`begin`, `accept`, `next_drafts`, `after_commit`, `draw_redraft`). The
+settings every window decoder shares are `WindowSettings`; a decoder's class lists only its own.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from sjd.core.sampling import SamplingConfig
 from sjd.core.schedule import OFFICIAL_L, WindowSchedule, check_official_l, check_schedule, make_schedule
 from sjd.core.verify import VerifyResult
 from sjd.decoders.base import DecodeCall, Decoder, DecodeResult, ForwardClock
-from sjd.decoders.window_state import WindowState
+from sjd.decoders.window_state import Redraft, WindowState, room_rows
 from sjd.models.base import ModelAdapter
 from sjd.types import ImageLayout, Logits, Prompt
 
@@ -103,10 +103,13 @@ class WindowStep:
     samples_q: torch.Tensor | None = None  # [B, C+1, V] ... and their q
     # commit
     slots: torch.Tensor | None = None  # [B, A] the window slot holding the input before each committed token
+    redraft: Redraft | None = None  # a continuation's drafts, where the commit drew them before its read (SJD-PAC)
 
 
 class WindowDecoder(WindowSettings, Decoder):
     """The loop every window decoder runs; subclasses give the four phases."""
+
+    redrafts = False  # whether a continuation (sjd.decoders.drafted, sjd.decoders.headed) redraws drafts after commits
 
     def generate(
         self,
@@ -182,6 +185,26 @@ class WindowDecoder(WindowSettings, Decoder):
     @abstractmethod
     def commit(self, step: WindowStep) -> None:
         """Commit into the row state, then `after_commit`."""
+
+    def draw_redraft(
+        self, step: WindowStep, committed: torch.Tensor, previous: torch.Tensor, tokens: torch.Tensor
+    ) -> Redraft | None:
+        """A continuation's drafts after the commit that leaves each row `committed` [B] long, `previous` [B] before
+        it, `tokens` [B, A] at previous, previous + 1, ... (those below committed are committed): device work
+        only. None without a continuation."""
+        return None
+
+    def room_of(self, state: WindowState, drafts: torch.Tensor, q: torch.Tensor) -> torch.Tensor | None:
+        """[B, K, 2] on the device: what the draft plan must know on the host of drafts [B, K] (with q [B, K, V]) a
+        row may carry, kept as `state.carried_room`; None for a decoder whose plan needs nothing (all but SJD-PAC)."""
+        return None
+
+    def read_room(self, state: WindowState, redraft: Redraft) -> None:
+        """`redraft.room`, where the plan needs it of drafts a continuation drew before the loop: one read, once a
+        decode (in the loop the commit brings it over in its own read)."""
+        stats = self.room_of(state, redraft.drafts, redraft.q)
+        if stats is not None:
+            redraft.room = room_rows(state.read_counts(stats.flatten()), *stats.shape[:2])
 
     def after_commit(self, step: WindowStep) -> None:
         """After each commit: row b committed the tokens at positions state.previous[b] .. committed[b] - 1, and

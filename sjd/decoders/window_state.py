@@ -31,6 +31,10 @@ class WindowState:
     head_forwards: list[int] | None = None  # draft-head calls per row (sjd.decoders.headed) ...
     heads: int = 0  # ... each running this many heads
     read_counts: Callable[[torch.Tensor], list[int]] = torch.Tensor.tolist  # brings per-row counts to the host
+    # Per row, one entry a carried draft, kept in step with `carried`: whether its q has room for siblings (is not
+    # one-hot) and how many ids it has mass on besides the draft. SJD-PAC's window plan reads it on the host
+    # (sjd.decoders.sjd_pac); None for the decoders that do not.
+    carried_room: list[list[tuple[bool, int]]] | None = None
 
     @classmethod
     def empty(cls, B: int, N: int, V: int, device: torch.device, keep_p: int = 0) -> WindowState:
@@ -66,13 +70,15 @@ class WindowState:
         samples_q: torch.Tensor | None = None,
         end_row: Callable[[int, int, int], int] | None = None,
         n_accepted: list[int] | None = None,
+        room: list[list[tuple[bool, int]]] | None = None,
     ) -> None:
         """Accepted drafts + the next token; the later samples carry over with their q, which is
         p unless a coupled decoder says otherwise (one host sync). `widths[b]` is how many window
         slots of row b hold samples (0: the row is complete). `end_row(b, n, n_accepted)` writes
         what follows row b's accepted drafts and returns how many tokens the forward commits in
         all (default `end_with_next_token`); the branching decoder commits a sibling there. `n_accepted`:
-        `result.n_accepted` already read to the host (with what else the caller needed in the same copy)."""
+        `result.n_accepted` already read to the host (with what else the caller needed in the same copy); `room`:
+        per row, the sibling room of each slot's sample, read in that copy too (kept as `carried_room`)."""
         samples_q = p if samples_q is None else samples_q
         if n_accepted is None:
             n_accepted = self.read_counts(result.n_accepted)
@@ -88,6 +94,8 @@ class WindowState:
                 take = end_row(b, n, n_acc)
             self.previous[b], self.committed[b] = n, n + take
             self.carried[b], self.carried_q[b] = samples[b, take : widths[b]], samples_q[b, take : widths[b]]
+            if self.carried_room is not None:
+                self.carried_room[b] = room[b][take : widths[b]]
             self.accepted[b].append(take)
             self.n_forward[b] += 1
             self.inputs[b] += widths[b]
@@ -108,6 +116,21 @@ class WindowState:
         self.tokens[b, n + n_acc] = token
         self.last_p[b] = p  # the residual's source; its arg-max is what sample_horizon wants
         return n_acc + 1
+
+
+@dataclass
+class Redraft:
+    """Drafts a continuation (a trained drafter's, draft heads') drew after a commit to replace carried ones: [B, K]
+    and their q [B, K, V]; `room`: where the state keeps `carried_room`, theirs on the host."""
+
+    drafts: torch.Tensor
+    q: torch.Tensor
+    room: list[list[tuple[bool, int]]] | None = None
+
+
+def room_rows(values: Sequence[int], B: int, K: int) -> list[list[tuple[bool, int]]]:
+    """[B, K, 2] (has room, ids with mass) read to the host as a flat list -> per row, a pair per draft."""
+    return [[(bool(values[2 * (b * K + k)]), values[2 * (b * K + k) + 1]) for k in range(K)] for b in range(B)]
 
 
 def draw_uniforms(

@@ -10,6 +10,7 @@ from sjd.decoders.sjd import SJDDecoder
 from sjd.harness.prompts import load_prompt_file
 
 PROMPTS = load_prompt_file("sjd/assets/prompts/toy.tsv")[:2]
+DRAFTED_PAC = (("csjd_pac_drafter_c2", 3), ("csjd_pac_heads", 1))  # SJD-PAC with a continuation, at a batch size
 
 
 def test_reads_of_device_tensors_are_syncs_and_reads_of_host_tensors_are_not():
@@ -113,28 +114,71 @@ def test_sjd_on_the_toy_syncs_once_an_iteration_and_never_in_the_pipeline(toy):
     assert ar["syncs_per_iter"] == 0  # nothing a step: the prefill's NaN guard and the result, once a decode
 
 
-def test_sjd_pac_syncs_twice_an_iteration_the_branch_plan_and_the_accepted_lengths(toy):
-    """The tree window's shape depends on how many siblings each row's carried drafts can have: one copy for all
-    rows; the accepted lengths and the accepted siblings: one more. Nothing else a step, at batch 1 and 3."""
+def test_sjd_pac_syncs_once_an_iteration_its_branch_plan_read_with_the_accepted_lengths(toy, one_thread):
+    """The tree window's shape depends on how many siblings each row's carried drafts can have: their room comes to
+    the host in the one copy of the accepted lengths and siblings, for every chain slot's next draft and for the
+    drafts a drafter's or heads' continuation drew before that copy. Nothing else a step, at batch 1 and 3; the
+    continuation's first drafts, before the loop, are read once a decode."""
+    from decoder_on_model import fitted, resolved_decoder
+
     from sjd.decoders.sjd_pac import SJDPACDecoder
 
-    def decode(prompts):
+    toy_prompts = load_prompt_file("sjd/assets/prompts/toy.tsv")
+    cases = [(SJDPACDecoder(window=16), toy_prompts[:1]), (SJDPACDecoder(window=16), toy_prompts[:3])]
+    cases += [(fitted(resolved_decoder(name, "toy"), toy), toy_prompts[:b]) for name, b in DRAFTED_PAC]
+    for decoder, prompts in cases:
         gens = make_generators(0, [p.prompt_id for p in prompts], toy.device)
-        with torch.no_grad():
-            return SJDPACDecoder(window=16).generate(toy, prompts, SamplingConfig(cfg_scale=3.0), gens)
-
-    for prompts in (PROMPTS[:1], load_prompt_file("sjd/assets/prompts/toy.tsv")[:3]):
         toy.use_cache("static")
         try:
-            counts = count_decode(lambda prompts=prompts: decode(prompts), toy, {})
+            with torch.no_grad():
+                counts = count_decode(
+                    lambda d=decoder, p=prompts, g=gens: d.generate(toy, p, SamplingConfig(cfg_scale=3.0), g), toy, {}
+                )
         finally:
             toy.use_cache("dynamic")
         row = report_row([counts])
-        per_site = {site.split(" at ")[1].split(" ", 1)[1]: n for (_, site), n in counts.syncs.items()}
-        assert per_site["read"] == per_site["sibling_room"] == counts.forwards  # once every iteration
-        assert row["pipeline_syncs_per_iter"] == 0 and row["forward_syncs_per_iter"] == 0
-        assert row["decoder_syncs_per_iter"] < 2.1  # those two; the prefill's NaN guard and the result's copy, once
+        per_site = {(where, site.split(" at ")[1].split(" ", 1)[1]): n for (where, site), n in counts.syncs.items()}
+        assert per_site[("decoder", "read")] == counts.forwards, decoder.name  # once every iteration
+        assert row["syncs_per_iter"] == row["decoder_syncs_per_iter"] == 1, (decoder.name, row["decoder_sync_sites"])
+        assert row["copies_to_device_per_iter"] == 0, decoder.name
+        assert per_site.get(("once", "read"), 0) == (decoder.redrafts and decoder.siblings_from_q), decoder.name
         assert "not yet explained" not in sync_purposes(row["decoder_sync_sites"])
+
+
+def test_the_row_decoders_sync_at_most_once_an_iteration_and_copy_nothing_to_the_device(toy, one_thread):
+    """PJD, ZipAR and SSD plan from what the host decided itself (which positions are committed, which have their
+    K/V, which have a feature) and send their layouts over in non-blocking copies: no copy of host data to the
+    device. PJD and ZipAR read every row segment's outcome (with the NaN/inf flags) in one copy an iteration; SSD
+    reads only where a block ends, once for the blocks that end together unless one of them decides its row's
+    next draws (the token after it): on the static cache, at batch 3."""
+    from decoder_on_model import fitted, resolved_decoder
+
+    from sjd.decoders.zipar import ZipARDecoder
+
+    prompts = load_prompt_file("sjd/assets/prompts/toy.tsv")[:3]
+    decoders = [fitted(resolved_decoder("pjd", "toy"), toy), ZipARDecoder(context=2)]
+    decoders.append(fitted(resolved_decoder("ssd", "toy"), toy))
+    for decoder in decoders:
+        gens = make_generators(0, [p.prompt_id for p in prompts], toy.device)
+        toy.use_cache("static")
+        try:
+            with torch.no_grad():
+                counts = count_decode(
+                    lambda d=decoder, g=gens: d.generate(toy, prompts, SamplingConfig(cfg_scale=3.0), g),
+                    toy,
+                    decoder.networks(toy),
+                )
+        finally:
+            toy.use_cache("dynamic")
+        row = report_row([counts])
+        reads = sum(n for (where, site), n in counts.syncs.items() if where == "decoder" and site.endswith(" read"))
+        assert row["syncs_per_iter"] == row["decoder_syncs_per_iter"] == reads / counts.forwards, decoder.name
+        assert row["copies_to_device_per_iter"] == 0 and row["forward_syncs_per_iter"] == 0, decoder.name
+        if decoder.name == "ssd":
+            assert 0 < reads < counts.forwards, row["decoder_sync_sites"]  # blocks in their first round read nothing
+        else:
+            assert reads == counts.forwards, (decoder.name, row["decoder_sync_sites"])
+        assert "not yet explained" not in sync_purposes(row["decoder_sync_sites"]), decoder.name
 
 
 def test_the_drafter_and_coupled_decoders_sync_once_an_iteration(toy):

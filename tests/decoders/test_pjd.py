@@ -136,7 +136,8 @@ def test_a_row_under_an_unfinished_row_is_anchored_on_a_draft_only_it_sees(no_eo
     # (a later forward rewrites it, which drops both cached slots), while row 1's other codes are.
     s.tokens[pos(lay, 1, 2) : P + 1] = row1.drafts
     s.committed[pos(lay, 1, 2) : P + 1] = True
-    PJDDecoder.mark_written(s, plan, positions[0], tokens[0])
+    holds = [True] * len(row1.positions) + [False] * len(row2.positions)  # row 1's drafts all committed as they were
+    PJDDecoder.mark_written(s, plan, positions[0], holds)
     assert not s.written[P]
     assert s.written[pos(lay, 1, 1) : P].all()
     assert not s.written[pos(lay, 2, 0) : -1].any()  # rows 2 and 3 hold no written code yet

@@ -12,7 +12,7 @@ from sjd.core.sampling import SamplingConfig, sample_from
 from sjd.core.seeding import make_generators
 from sjd.core.verify import accept_tests, residual
 from sjd.decoders.ar import ARDecoder
-from sjd.decoders.sjd_pac import SJDPACDecoder, draw_siblings, verify_siblings
+from sjd.decoders.sjd_pac import ONE_HOT, SJDPACDecoder, draw_siblings, room_stats, verify_siblings
 from sjd.harness.prompts import load_prompt_file
 from sjd.models.micro import MicroAdapter
 from sjd.types import Prompt
@@ -44,10 +44,10 @@ def test_siblings_are_drawn_without_replacement_and_never_repeat_the_chain_draft
 
 
 def test_the_host_plan_counts_the_siblings_that_the_draw_gives():
-    """The window is laid out from `sibling_room`, read to the host before the draw: for each carried draft the
-    draw's existing siblings must be exactly its first min(K - 1, room) (q's ids with mass, the chain draft's
-    excepted), and the top mass is q's, so a one-hot q gets none. Tiny masses and a chain draft outside q
-    included."""
+    """The window is laid out from each carried draft's sibling room (`room_stats`, read to the host with the commit
+    before it): for each carried draft the draw's existing siblings must be exactly its first min(K - 1, room) (q's
+    ids with mass, the chain draft's excepted), and a q whose top mass reaches ONE_HOT has no room. Tiny masses, a
+    chain draft outside q and a top mass just below ONE_HOT in float32 included."""
     g = torch.Generator().manual_seed(3)
     V, K1 = 12, 3
     q = torch.rand(40, V, generator=g) * (torch.rand(40, V, generator=g) < 0.3)
@@ -58,16 +58,17 @@ def test_the_host_plan_counts_the_siblings_that_the_draw_gives():
     q[3, [1, 2]] = 0.5
     q = q / q.sum(-1, keepdim=True).clamp_min(1e-30)
     q[4:6] = 0.0  # no mass at all
+    q[6] = 0.0
+    q[6, [0, 1]] = torch.tensor([1 - 17 * 2**-24, 17 * 2**-24])  # top mass below ONE_HOT, but not in float32
     chain = torch.where(q.sum(-1) > 0, sample_from(q.clamp_min(0), torch.rand(40, generator=g)), 0)
     chain[2] = 4
-    decoder = SJDPACDecoder(branches=K1 + 1, branch_depth=40)
-    state = type("State", (), {"committed": [0], "carried": [chain], "carried_q": [q]})()
-    (room,) = decoder.sibling_room(state)
+    room = room_stats(q, chain).tolist()
     _, ok = draw_siblings(q, chain, K1, torch.rand(40, V, generator=g))
     counts = torch.tensor([min(K1, r) for _, r in room])
     assert torch.equal(ok, torch.arange(K1)[None, :] < counts[:, None])
-    assert [top for top, _ in room] == q.max(-1).values.tolist()
-    assert room[0] == (1.0, 0) and room[1][1] == 1 and room[2][1] == 1 and room[3][1] == 1 and room[4][1] == 0
+    assert [bool(has) for has, _ in room] == [top < ONE_HOT for top in q.max(-1).values.tolist()]
+    assert room[0] == [0, 0] and room[1][1] == 1 and room[2][1] == 1 and room[3][1] == 1 and room[4][1] == 0
+    assert room[6][0] == 1
 
 
 def test_recursive_rejection_over_siblings_samples_p_and_accepts_more_often():

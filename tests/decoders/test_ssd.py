@@ -39,8 +39,8 @@ def test_one_position_kept_or_redrawn_is_a_sample_of_p():
     tokens, _ = independent_accept(p.expand(n, 4), drafts, q.expand(n, 4), g)
     freq = torch.bincount(tokens, minlength=4).float() / n
     assert (freq - p).abs().sum() / 2 < 0.01, freq
-    kept, all_kept = independent_accept(p.expand(3, 4), torch.tensor([0, 0, 0]), p.expand(3, 4), g)
-    assert all_kept and kept.tolist() == [0, 0, 0]  # q = p: every draft is kept
+    tokens, kept = independent_accept(p.expand(3, 4), torch.tensor([0, 0, 0]), p.expand(3, 4), g)
+    assert kept.tolist() == [True] * 3 and tokens.tolist() == [0, 0, 0]  # q = p: every draft is kept
 
 
 def test_one_code_a_block_one_round_no_row_below_is_greedy_ar(toy):
