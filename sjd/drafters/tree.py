@@ -149,12 +149,13 @@ def draw_chain(run: DrafterRun, root_pos: torch.Tensor, length: int, generators)
     B, device, V = len(root_pos), root_pos.device, run.layout.vocab_size
     drafts = torch.zeros(B, length, dtype=torch.long, device=device)
     q_all = torch.zeros(B, length, V, device=device)
-    root = run.tree_root(root_pos)
     hidden = run.h_last[:, None]  # [R, 1, H]: predicts the position after the root
     alive = torch.ones(B, dtype=torch.bool, device=device)  # the chain so far has mass at every draft
-    # draft i (i >= 1) goes to scratch slot i - 1 and sees the slots of the drafts up to it: row i - 1 of `sees`
-    sees = torch.ones(run.scratch, run.scratch, dtype=torch.bool, device=device).tril()[:, None, None]
-    slots = torch.arange(run.scratch, device=device)[:, None]
+    if length > 1:  # a chain of one draft never runs the drafter on a draft
+        root = run.tree_root(root_pos)
+        # draft i (i >= 1) goes to scratch slot i - 1 and sees the slots of the drafts up to it: row i - 1 of `sees`
+        sees = torch.ones(run.scratch, run.scratch, dtype=torch.bool, device=device).tril()[:, None, None]
+        slots = torch.arange(run.scratch, device=device)[:, None]
     drawn = None
     for i in range(length):
         if i:  # the drafter on the draft before
