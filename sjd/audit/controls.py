@@ -13,13 +13,14 @@ from dataclasses import InitVar, dataclass
 import torch
 
 from sjd.core.sampling import filter_top_k_top_p, sample_from
-from sjd.core.verify import VerifyResult, block_verify, recursive_rejection, without_replacement_q
+from sjd.core.verify import VerifyResult, block_verify, recursive_rejection
 from sjd.core.verify import verify as speculative_verify
 from sjd.decoders.base import Decoder
 from sjd.decoders.coupled import CoupledSJDDecoder, maximal_coupling_drafts
 from sjd.decoders.eagle import EagleDecoder
 from sjd.decoders.sjd import SJDDecoder
 from sjd.decoders.window import WindowStep
+from sjd.drafters.tree import child_q
 
 
 @dataclass(eq=False, kw_only=True)
@@ -121,12 +122,7 @@ class RatioRuleOnTopK(EagleDecoder):
         super().__post_init__()
 
     def candidate_q(self, tree):
-        rows = torch.arange(tree.tokens.shape[0], device=tree.tokens.device)
-
-        def as_if_drawn(node, kids):
-            return without_replacement_q(tree.node_q[rows, node], tree.tokens[rows[:, None], kids.clamp(min=0)])
-
-        return as_if_drawn
+        return child_q(tree, drawn=True)  # as if the top-k children had been drawn from q
 
     def node_rule(self, adapter):
         return recursive_rejection

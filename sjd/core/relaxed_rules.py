@@ -165,27 +165,26 @@ def code_neighbours(embeddings: torch.Tensor, free: torch.Tensor, width: int, ch
 
 
 def lantern_credit(
-    target: torch.Tensor,
-    x: torch.Tensor,
-    neighbours: torch.Tensor,
+    p_x: torch.Tensor,
+    near: torch.Tensor,
     there: torch.Tensor,
     delta: float | None = None,
     lam: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """LANTERN's relaxed target mass of drafts x [B] under `target` [B, V], with x's k nearest codes
-    `neighbours` [B, k] (`there` [B, k] False where absent): c_j = the target mass of the first j + 1
-    neighbours, J = the largest j with c_j <= delta (LANTERN, additive) or c_j <= (lam - 1) p(x)
-    (LANTERN++, multiplicative). Returns p(x) + c_J (p(x) where no j qualifies) [B] and whether J exists [B]."""
+    """LANTERN's relaxed target mass of a draft x whose target mass is `p_x` [B], from the target mass `near`
+    [B, k] of x's k nearest codes, nearest first (`there` [B, k] False where absent, a prefix of each row as
+    CodeNeighbours.of gives it): c_j = the mass of the first j + 1 neighbours, J = the largest j with
+    c_j <= delta (LANTERN, additive) or c_j <= (lam - 1) p(x) (LANTERN++, multiplicative). Returns p(x) + c_J
+    (p(x) where no j qualifies) [B] and whether J exists [B]."""
     if (delta is None) == (lam is None):
         raise ValueError("lantern_credit: give exactly one of delta (LANTERN) and lam (LANTERN++)")
-    rows = torch.arange(len(x), device=x.device)
-    p_x = target[rows, x]
-    cum = (target.gather(1, neighbours) * there).cumsum(1)  # never decreases: a prefix qualifies
+    if not near.shape[1]:
+        return p_x + 0.0, torch.zeros_like(p_x, dtype=torch.bool)
+    cum = (near * there).cumsum(1)  # never decreases, so the j within the bound are a prefix
     bound = torch.full_like(p_x, delta) if lam is None else (lam - 1) * p_x
-    n_within = ((cum <= bound[:, None]) & there).sum(1)
-    has_j = n_within > 0
-    credit = cum.gather(1, (n_within - 1).clamp(min=0)[:, None]).squeeze(1) if cum.shape[1] else p_x * 0
-    return p_x + torch.where(has_j, credit, 0.0), has_j
+    within = (cum <= bound[:, None]) & there
+    c_j = (cum * within).amax(1)  # c_J, the largest c_j of the prefix; 0 where it is empty
+    return p_x + c_j, within[:, 0]
 
 
 def grammar_fallback(target: torch.Tensor, free: torch.Tensor) -> torch.Tensor:
@@ -201,23 +200,20 @@ def grammar_fallback(target: torch.Tensor, free: torch.Tensor) -> torch.Tensor:
 def lantern_rejection_residual(
     target: torch.Tensor,
     q: torch.Tensor,
-    neighbours: torch.Tensor,
-    there: torch.Tensor,
-    zero: torch.Tensor,
+    cut: torch.Tensor,
     zero_in: str,
     fallback: torch.Tensor,
 ) -> torch.Tensor:
-    """The target left [B, V] after a draft drawn from q [B, V] was rejected: norm(max(0, target - q)), where
-    the rows `zero` [B] first set the listed `neighbours` [B, k+1] (`there` [B, k+1]) to 0 in the target
-    (`zero_in="p"`: EAGLE-2's rule, and Lumina's EAGLE-1 rule) or in q (`"q"`: the EAGLE-1 rule for LlamaGen
-    and Anole). With a one-hot q this removes the draft itself. `fallback` [B, V] where nothing is left."""
+    """The target left [B, V] after a draft drawn from q [B, V] was rejected: norm(max(0, target - q)), where the
+    ids `cut` [B, V] (the draft's k + 1 nearest codes, in rows where J exists) are first set to 0 in the target
+    (`zero_in="p"`: EAGLE-2's rule, and Lumina's EAGLE-1 rule) or in q (`"q"`: the EAGLE-1 rule for LlamaGen and
+    Anole). With a one-hot q this removes the draft itself. `fallback` [B, V] where nothing is left."""
     if zero_in not in ("p", "q"):
         raise ValueError(f"zero_in must be 'p' or 'q', got {zero_in!r}")
-    hit = torch.zeros_like(target, dtype=torch.bool).scatter_(1, neighbours, there & zero[:, None])
     if zero_in == "p":
-        target = target.masked_fill(hit, 0.0)
+        target = target.masked_fill(cut, 0.0)
     else:
-        q = q.masked_fill(hit, 0.0)
+        q = q.masked_fill(cut, 0.0)
     left = (target - q).clamp_min(0)
     mass = left.sum(1, keepdim=True)
     return torch.where(mass > RESIDUAL_EPS, left / mass.clamp_min(RESIDUAL_EPS), fallback)
@@ -243,17 +239,24 @@ def lantern_tree_rule(
     when J exists; `grammar_fallback` where nothing is left. k = 0, or a bound that credits nothing
     (delta = 0 or lam = 1 with no zero-mass neighbour), gives recursive rejection sampling's outcomes."""
     B, K = candidates.shape
-    rows = torch.arange(B, device=target.device)
     fallback = grammar_fallback(target, neighbours.free)
     picked = torch.full((B,), -1, dtype=torch.long, device=target.device)
-    for i in range(K):
-        open_ = present[:, i] & (picked < 0)
-        c, q_i = candidates[:, i], candidate_q[:, i]
-        nb, there = neighbours.of(c, k + 1)
-        relaxed, has_j = lantern_credit(target, c, nb[:, :k], there[:, :k], delta, lam)
-        ok = open_ & (uniforms[:, i] * q_i[rows, c] < relaxed)
+    # What does not depend on the earlier candidates' outcomes, for all K at once: the ids whose target mass each
+    # test reads (the candidate, then the k neighbours it may be credited with), the k + 1 nearest codes a
+    # rejection with J cuts, and u_i * q_i(c_i). The loop then only carries the target from one to the next.
+    nb, there = neighbours.of(candidates.flatten(), k + 1)
+    nb, there = nb.view(B, K, -1), there.view(B, K, -1)
+    read = torch.cat([candidates[..., None], nb[..., :k]], 2)  # [B, K, 1 + k]
+    cut = torch.zeros(*candidate_q.shape, dtype=torch.bool, device=target.device).scatter_(2, nb, there)
+    scaled_u = uniforms * candidate_q.gather(2, candidates[..., None])[..., 0]
+    each = zip(present.unbind(1), read.unbind(1), there[..., :k].unbind(1), cut.unbind(1), candidate_q.unbind(1),
+               scaled_u.unbind(1))  # fmt: skip
+    for i, (present_i, read_i, there_i, cut_i, q_i, u_q) in enumerate(each):
+        open_ = present_i & (picked < 0)
+        mass = target.gather(1, read_i)
+        relaxed, has_j = lantern_credit(mass[:, 0], mass[:, 1:], there_i, delta, lam)
+        ok = open_ & (u_q < relaxed)
         picked = torch.where(ok, i, picked)
-        rejected = open_ & ~ok
-        left = lantern_rejection_residual(target, q_i, nb, there, has_j, zero_in, fallback)
-        target = torch.where(rejected[:, None], left, target)
+        left = lantern_rejection_residual(target, q_i, cut_i & has_j[:, None], zero_in, fallback)
+        target = torch.where((open_ & ~ok)[:, None], left, target)
     return picked, target

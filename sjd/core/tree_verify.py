@@ -12,7 +12,8 @@ verification coins and each node's p is exact, which the tree's attention mask (
 tokens, its ancestors and itself) makes it.
 
 `walk_tree` takes the per-node test as an argument, so relaxed rules (LANTERN's) change the test and
-nothing else. Pure and vectorised over rows; the loop runs over depth, at most the tree's depth + 1 times.
+nothing else. Pure and vectorised over rows and nodes: a fixed number of tensor operations whatever the tree's
+shape, the rule's own loop over a node's children aside.
 """
 
 from __future__ import annotations
@@ -46,43 +47,60 @@ def walk_tree(
     p: torch.Tensor,
     tokens: torch.Tensor,
     children: torch.Tensor,
-    candidate_q: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    depth: torch.Tensor,
+    reach: torch.Tensor,
+    candidate_q: torch.Tensor,
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
     rule: NodeRule = recursive_rejection,
 ) -> TreeWalk:
     """p [B, N, V] at every node, tokens [B, N], children [B, N, K] node indices in test order (-1 = none),
-    `candidate_q(node [B], kids [B, K]) -> [B, K, V]` the distribution each child of `node` was drawn from
-    given the ones before it, accept_uniforms [B, L, K] and sample_uniforms [B, L] for levels 0 .. L-1
-    (L = the tree's depth + 1)."""
-    B, N, _ = p.shape
-    levels = accept_uniforms.shape[1]
+    depth [B, N], reach [B, N, N] (node j is node i or one of its ancestors, as `ancestors` gives it; absent
+    nodes may have empty rows), candidate_q [B, N, K, V] the distribution each child of each node was drawn from
+    given the ones before it, accept_uniforms [B, L, K] and sample_uniforms [B, L] for levels 0 .. L-1 (L = the
+    tree's depth + 1): a node at depth d is tested with the uniforms of level d.
+
+    The descent in batched steps, none of them a loop over depth:
+    1. the test of every node at once (the rule over B * N rows), each with its level's uniforms: which child
+       it accepts, and the target left where it accepts none. A node's outcome depends on its own p, children and
+       uniforms only, not on whether the descent reaches it, so at the nodes the descent visits these are
+       the outcomes a walk from the root would get;
+    2. the accepted path: the root, and every node that its parent accepted and whose ancestors are all on it;
+    3. the next token, drawn at the path's last node from the target left there, with the uniform of its level.
+    A node deeper than L - 1 is tested with level L - 1's uniforms, and only a descent that needs more than L
+    levels reaches it: `complete` is then false, and the caller raises."""
+    B, N, V = p.shape
+    levels, K = accept_uniforms.shape[1], children.shape[2]
     device = p.device
-    rows = torch.arange(B, device=device)
-    current = torch.zeros(B, dtype=torch.long, device=device)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    path = torch.full((B, levels + 1), -1, dtype=torch.long, device=device)
-    path[:, 0] = 0
-    n_accepted = torch.zeros(B, dtype=torch.long, device=device)
-    next_token = torch.zeros(B, dtype=torch.long, device=device)
-    next_p = p[:, 0]
-    for level in range(levels):
-        target = p[rows, current]
-        kids = children[rows, current]  # [B, K]
-        present = (kids >= 0) & ~done[:, None]
-        safe = kids.clamp(min=0)
-        picked, left = rule(
-            target, tokens[rows[:, None], safe], candidate_q(current, kids), present, accept_uniforms[:, level]
-        )
-        stops = ~done & (picked < 0)
-        next_token = torch.where(stops, sample_from(left, sample_uniforms[:, level]), next_token)
-        next_p = torch.where(stops[:, None], target, next_p)
-        moves = ~done & (picked >= 0)
-        current = torch.where(moves, safe[rows, picked.clamp(min=0)], current)
-        n_accepted += moves.long()
-        path[:, level + 1] = torch.where(moves, current, -1)
-        done |= stops
-    return TreeWalk(path, n_accepted, next_token, next_p, done.all())
+    # 1. every node's test
+    level = depth.clamp(max=levels - 1)
+    uniforms = accept_uniforms.gather(1, level[..., None].expand(-1, -1, K))  # [B, N, K]
+    safe = children.clamp(min=0)
+    kid_tokens = tokens.gather(1, safe.flatten(1)).view(B, N, K)
+    picked, left = rule(
+        p.flatten(0, 1), kid_tokens.flatten(0, 1), candidate_q.flatten(0, 1), (children >= 0).flatten(0, 1),
+        uniforms.flatten(0, 1),
+    )  # fmt: skip
+    picked, left = picked.view(B, N), left.view(B, N, V)
+    # 2. the path: accepted children (each node has one parent, so one scatter marks them), then the nodes whose
+    # whole line of ancestors was accepted
+    accepted = torch.where(picked >= 0, safe.gather(2, picked.clamp(min=0)[..., None])[..., 0], N)
+    chosen = torch.zeros(B, N + 1, dtype=torch.bool, device=device).scatter_(1, accepted, True)[:, :N]
+    chosen[:, 0] = True  # the root
+    on_path = chosen & ~(reach & ~chosen[:, None, :]).any(-1)
+    n_accepted = on_path.sum(1) - 1
+    # path[b, d]: the path's node at depth d, by one scatter into a table with a spare last column where every
+    # node off the path lands (so is every node past the levels, which only an incomplete descent has)
+    at = torch.where(on_path, depth.clamp(max=levels + 1), levels + 1)
+    nodes = torch.arange(N, device=device).expand(B, N)
+    path = torch.full((B, levels + 2), -1, dtype=torch.long, device=device)
+    path = path.scatter_(1, at, torch.where(on_path, nodes, -1))[:, : levels + 1]
+    # 3. the next token, at the path's last node
+    last = path.gather(1, n_accepted.clamp(max=levels)[:, None]).clamp(min=0)  # [B, 1]
+    stop_u = sample_uniforms.gather(1, n_accepted.clamp(max=levels - 1)[:, None])[:, 0]
+    next_token = sample_from(left.gather(1, last[..., None].expand(-1, -1, V))[:, 0], stop_u)
+    next_p = p.gather(1, last[..., None].expand(-1, -1, V))[:, 0]
+    return TreeWalk(path, n_accepted, next_token, next_p, (n_accepted < levels).all())
 
 
 def sample_and_descend(
@@ -107,18 +125,19 @@ def sample_and_descend(
     return picked, left
 
 
-def ancestors(parent: torch.Tensor) -> torch.Tensor:
+def ancestors(parent: torch.Tensor, deepest: int | None = None) -> torch.Tensor:
     """[B, N, N] bool: node j is node i or one of its ancestors, from parent [B, N] (-1 for the root and
     for absent nodes, whose row is themselves alone). The closure of "j is i or i's parent" by repeated
-    squaring: after k squarings it reaches ancestors up to 2^k steps up, so ceil(log2 N) of them reach all,
-    and the host never asks the device how deep the tree is."""
+    squaring: after k squarings it reaches ancestors up to 2^k steps up, so ceil(log2 d) of them reach all when
+    no node is deeper than d (`deepest`, which a caller that grew the tree knows; else N - 1), and the host never
+    asks the device how deep the tree is."""
     B, N = parent.shape
     device = parent.device
     reach = torch.eye(N, dtype=torch.bool, device=device).expand(B, N, N).clone()
     has = parent >= 0
     reach |= torch.nn.functional.one_hot(parent.clamp(min=0), N).bool() & has[..., None]
-    steps = 1
-    while steps < N:
+    steps, deepest = 1, N - 1 if deepest is None else deepest
+    while steps < deepest:
         step = reach.to(torch.float32)
         reach = torch.bmm(step, step) > 0  # exact: sums of 0/1 products, at most N
         steps *= 2

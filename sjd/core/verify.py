@@ -196,10 +196,10 @@ def recursive_rejection(
 
 def without_replacement_q(q: torch.Tensor, drawn: torch.Tensor, removed: torch.Tensor | None = None) -> torch.Tensor:
     """[B, K, V]: the distribution draw i of an ordered draw without replacement came from: q [B, V]
-    without `removed` [B] (if given) and draws 0 .. i-1 of `drawn` [B, K], renormalised."""
+    without `removed` [B] (if given) and draws 0 .. i-1 of `drawn` [B, K], renormalised. All K at once: draw i's
+    pool is q with the ids drawn before it set to 0."""
     pool = q if removed is None else q.scatter(1, removed[:, None], 0.0)
-    out = []
-    for i in range(drawn.shape[1]):
-        out.append(pool / pool.sum(-1, keepdim=True).clamp_min(1e-30))
-        pool = pool.scatter(1, drawn[:, i : i + 1], 0.0)
-    return torch.stack(out, 1) if out else q.new_zeros(q.shape[0], 0, q.shape[1])
+    hits = torch.zeros(*drawn.shape, q.shape[-1], dtype=torch.int32, device=q.device).scatter_(2, drawn[..., None], 1)
+    before = (hits.cumsum(1, dtype=torch.int32) - hits) > 0  # [B, K, V]: drawn at an earlier i
+    pool = pool[:, None].masked_fill(before, 0.0)
+    return pool / pool.sum(-1, keepdim=True).clamp_min(1e-30)

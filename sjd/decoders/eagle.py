@@ -31,12 +31,12 @@ import torch
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs
 from sjd.core.tree_verify import TreeWalk, sample_and_descend, walk_tree
-from sjd.core.verify import recursive_rejection, without_replacement_q
+from sjd.core.verify import recursive_rejection
 from sjd.decoders.base import DecodeCall, Decoder, DecodeResult, ForwardClock
 from sjd.decoders.drafter_part import DrafterPart
 from sjd.drafters.checkpoint import drafter_settings, load_drafter
 from sjd.drafters.drafter import DrafterRun
-from sjd.drafters.tree import CHILDREN, STATIC_SHAPES, DraftTree, check_static_shape, grow
+from sjd.drafters.tree import CHILDREN, STATIC_SHAPES, DraftTree, check_static_shape, child_q, grow
 from sjd.models.base import ModelAdapter
 from sjd.types import CUSTOM_MASK, FEATURES, WINDOW, Prompt
 
@@ -167,20 +167,13 @@ class EagleDecoder(DrafterPart, Decoder):
         u = torch.stack([torch.rand(L * (K + 1), generator=g, device=p.device) for g in generators])
         accept_u, sample_u = u[:, : L * K].view(-1, L, K), u[:, L * K :]
         rule = self.node_rule(adapter)
-        return walk_tree(p, tree.tokens, tree.children, self.candidate_q(tree), accept_u, sample_u, rule)
+        return walk_tree(p, tree.tokens, tree.children, tree.depth, tree.mask, self.candidate_q(tree), accept_u,
+                         sample_u, rule)  # fmt: skip
 
-    def candidate_q(self, tree: DraftTree):
-        """What each child was drawn from: one-hot for top-k children, q without the earlier draws for sampled."""
-        rows = torch.arange(tree.tokens.shape[0], device=tree.tokens.device)
-        V = tree.vocab_size
-
-        def q_of(node: torch.Tensor, kids: torch.Tensor) -> torch.Tensor:
-            ids = tree.tokens[rows[:, None], kids.clamp(min=0)]
-            if self.children == "top_k":
-                return torch.nn.functional.one_hot(ids, V).float()
-            return without_replacement_q(tree.node_q[rows, node], ids)
-
-        return q_of
+    def candidate_q(self, tree: DraftTree) -> torch.Tensor:
+        """[B, N, K, V] what each child of each node was drawn from: one-hot for top-k children, q without the
+        earlier draws for sampled ones."""
+        return child_q(tree, drawn=self.children == "sampled")
 
     def node_rule(self, adapter: ModelAdapter):
         """The per-node test on this model: for top-k children EAGLE-2's rule in its one-draw form

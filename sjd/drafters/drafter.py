@@ -17,6 +17,7 @@ writes go to one last slot that no query sees. Masks are built on the device fro
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -25,6 +26,14 @@ from sjd.core.staging import device_ints
 from sjd.drafters.net import DrafterNet
 from sjd.models.base import ModelAdapter
 from sjd.types import Features
+
+
+@dataclass
+class TreeRoot:
+    """Where one draft tree hangs in the drafter's cache (DrafterRun.tree_root)."""
+
+    last: torch.Tensor  # [R, 1] the row position of each row's root pair; a node at depth d sits at last + d
+    committed: torch.Tensor  # [R, 1, length] the committed slots every node of the tree sees: 0 .. last
 
 
 class DrafterRun:
@@ -101,31 +110,37 @@ class DrafterRun:
         rows = torch.arange(self.rows, device=tokens.device)
         self.h_last = torch.where(self.to_rows(count > 0)[:, None], out[rows, last], self.h_last)
 
+    def tree_root(self, root_pos: torch.Tensor) -> TreeRoot:
+        """Where the nodes of a tree (or chain) under each row's root, the token at generated position `root_pos`
+        [B], sit in the cache and which committed slots they see: made once per tree, since every node of it
+        sees the same committed slots and only its depth moves its position."""
+        last = self.slot_of(root_pos[:, None])  # [R, 1]
+        keys = torch.arange(self.length, device=root_pos.device)
+        return TreeRoot(last, keys[None, None, :] <= last[:, :, None])
+
     def expand(
         self,
+        root: TreeRoot,
         parent_hidden: torch.Tensor,
         tokens: torch.Tensor,
-        gen_pos: torch.Tensor,
+        depth: int,
+        alive: torch.Tensor,
         scratch_slot: torch.Tensor,
         sees_scratch: torch.Tensor,
-        committed: torch.Tensor,
     ) -> torch.Tensor:
-        """Tree nodes: pairs (the parent's predicted features `parent_hidden` [R, K, H], the node's token
-        `tokens` [B, K] at generated `gen_pos` [B, K]), written to scratch slots `scratch_slot` [B, K] (0 ..
-        scratch - 1), each seeing the committed slots of its row up to the last pair (`committed` [B]: the
-        generated position of the last committed token) and the scratch slots `sees_scratch` [B, K, scratch]
-        (its ancestors and itself). Returns the nodes' predicted features [R, K, H]."""
-        device = tokens.device
-        positions = self.slot_of(gen_pos)
-        positions = torch.where(self.to_rows(gen_pos) >= 0, positions, -1)
-        slots = torch.where(positions >= 0, self.length + self.to_rows(scratch_slot), self.dump)
-        last = self.slot_of(committed[:, None])  # [R, 1]
-        keys = torch.arange(self.length, device=device)
-        mask = (keys[None, None, :] <= last[:, :, None]).expand(-1, tokens.shape[1], -1)
-        tail = torch.zeros(self.rows, tokens.shape[1], 1, dtype=torch.bool, device=device)
-        mask = torch.cat([mask, self.to_rows(sees_scratch), tail], dim=2)
-        mask = mask | (positions < 0)[..., None] & self.dump_only(mask.shape[2], device)
-        return self.run(self.to_rows(tokens), parent_hidden, positions, slots, mask)
+        """Tree nodes at one `depth` below the root: pairs (the parent's predicted features `parent_hidden`
+        [R, F, H], the node's token `tokens` [B, F]), written to scratch slots `scratch_slot` [F] (0 .. scratch -
+        1), each seeing the committed slots of its row up to the root's pair and the scratch slots `sees_scratch`
+        [R or 1, F, scratch] (its ancestors and itself). A node that is not `alive` [B, F] is padding: it writes
+        the dump slot and also sees it, as every padding pair does. Returns the nodes' predicted features
+        [R, F, H]."""
+        alive = self.to_rows(alive)
+        positions = torch.where(alive, root.last + depth, -1)
+        F = tokens.shape[1]
+        mask = torch.cat(
+            [root.committed.expand(-1, F, -1), sees_scratch.expand(self.rows, -1, -1), (~alive)[..., None]], dim=2
+        )
+        return self.run(self.to_rows(tokens), parent_hidden, positions, self.length + scratch_slot, mask)
 
     def q(self, hidden: torch.Tensor, gen_pos: torch.Tensor) -> torch.Tensor:
         """[B, K, V] the draft distribution at generated positions `gen_pos` [B, K] from predicted
@@ -156,7 +171,8 @@ class DrafterRun:
         with torch.no_grad():
             out = self.net(tokens.clamp(min=0), features, positions.clamp(min=0), self.kv, slots, mask)
         self.forwards += 1
-        real = (positions >= 0).any(1).view(self.copies, self.batch).any(0).long()  # no host sync
-        self.row_forwards = real if self.row_forwards is None else self.row_forwards + real
+        # the CFG copies of a row hold the same pairs, so the first copy says which rows had a real one (no host sync)
+        real = (positions[: self.batch] >= 0).any(1)
+        self.row_forwards = real.long() if self.row_forwards is None else self.row_forwards + real
         self.lap("drafter")
         return out

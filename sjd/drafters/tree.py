@@ -21,15 +21,23 @@ before it, so its kept set is a prefix, but whether a child passes the cut depen
 decoders refuse that combination (sjd.decoders.eagle); LANTERN, lossy by design, may grow it.
 Nothing here looks at the target's verification coins, which is what makes every rule in
 sjd.core.tree_verify exact on these trees.
+
+The growth is a few batched tensor operations per depth, for every row at once: one drafter forward over the
+level's nodes, one q, one draw of the candidates of every node of the level, then gathers and scatters that place
+them (a top-k over the whole round's candidates for the dynamic tree; index tables made once per static shape and
+device, `static_plan`). No step loops over nodes or rows, and none reads a value back to the host, so on a GPU a
+tree costs a fixed number of kernel launches whatever its shape.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from sjd.core.tree_verify import ancestors
+from sjd.core.verify import without_replacement_q
 from sjd.drafters.drafter import DrafterRun
 
 # Published static shapes: paths of child ranks (EAGLE-1's default, and LANTERN's for LlamaGen and Anole).
@@ -61,14 +69,21 @@ class DraftTree:
     depth: torch.Tensor  # [B, N], 0 at the root
     present: torch.Tensor  # [B, N] bool
     children: torch.Tensor  # [B, N, K] node indices in test (draw) order, -1 = none
+    mask: torch.Tensor  # [B, N, N] node i sees node j (j is i or one of its ancestors, both present): the target's
+    # tree forward's mask, and the ancestor table verification reads the accepted path from
     node_q: torch.Tensor | None  # [B, N, V] q at each node that has children (what they were drawn from), else 0;
     # None where the tree was grown without keeping them (deterministic children are tested with q = 1)
     vocab_size: int = 0
 
-    @property
-    def mask(self) -> torch.Tensor:
-        """[B, N, N]: node i sees node j (j is i or one of its ancestors), for the target's tree forward."""
-        return ancestors(self.parent) & self.present[:, None, :] & self.present[:, :, None]
+
+def child_q(tree: DraftTree, drawn: bool) -> torch.Tensor:
+    """[B, N, K, V] the distribution each child of each node is tested with: q at the node without the earlier
+    draws, renormalised, where the children were `drawn` from it (so `node_q` was kept), else one-hot (q = 1)."""
+    B, N, K = tree.children.shape
+    ids = tree.tokens.gather(1, tree.children.clamp(min=0).flatten(1)).view(B, N, K)
+    if not drawn:
+        return torch.nn.functional.one_hot(ids, tree.vocab_size).float()
+    return without_replacement_q(tree.node_q.flatten(0, 1), ids.flatten(0, 1)).view(B, N, K, tree.vocab_size)
 
 
 def check_static_shape(name: str) -> list[list[int]]:
@@ -118,7 +133,7 @@ def grow(
     if shape == "dynamic":
         growth = DynamicTree(run, root_pos, depth, top_k, total_tokens, children, generators)
     else:
-        growth = StaticTree(run, root_pos, check_static_shape(shape), top_k, children, generators)
+        growth = StaticTree(run, root_pos, shape, top_k, children, generators)
     growth.keep_q = keep_q
     return growth.build()
 
@@ -136,14 +151,15 @@ def draw_chain(run: DrafterRun, root_pos: torch.Tensor, length: int, generators)
     q_all = torch.zeros(B, length, V, device=device)
     hidden = run.h_last[:, None]  # [R, 1, H]: predicts the position after the root
     alive = torch.ones(B, dtype=torch.bool, device=device)  # the chain so far has mass at every draft
-    sees = torch.zeros(B, 1, run.scratch, dtype=torch.bool, device=device)  # the scratch slots of the ancestors
+    if length > 1:  # a chain of one draft never runs the drafter on a draft
+        root = run.tree_root(root_pos)
+        # draft i (i >= 1) goes to scratch slot i - 1 and sees the slots of the drafts up to it: row i - 1 of `sees`
+        sees = torch.ones(run.scratch, run.scratch, dtype=torch.bool, device=device).tril()[:, None, None]
+        slots = torch.arange(run.scratch, device=device)[:, None]
     drawn = None
     for i in range(length):
-        if i:  # the drafter on the draft before: its pair goes to scratch slot i - 1
-            sees[:, 0, i - 1] = True
-            at = torch.where(alive[:, None], (root_pos + i)[:, None], -1)
-            slot = torch.full((B, 1), i - 1, dtype=torch.long, device=device)
-            hidden = run.expand(hidden, drawn, at, slot, sees.clone(), root_pos)
+        if i:  # the drafter on the draft before
+            hidden = run.expand(root, hidden, drawn, i, alive[:, None], slots[i - 1], sees[i - 1])
         position = (root_pos + i + 1)[:, None]
         q = run.q(hidden, position)  # [B, 1, V]
         uniforms = torch.stack([torch.rand(q.shape[1:], generator=g, device=device) for g in generators])
@@ -157,7 +173,7 @@ def draw_chain(run: DrafterRun, root_pos: torch.Tensor, length: int, generators)
 
 
 class TreeGrowth:
-    """What both shapes share: candidate draws, the drafter forwards over a level, and the final tables."""
+    """What both shapes share: the settings, and the candidate draws."""
 
     def __init__(self, run: DrafterRun, root_pos: torch.Tensor, top_k: int, children: str, generators) -> None:
         self.run, self.root_pos, self.k, self.children, self.generators = run, root_pos, top_k, children, generators
@@ -174,86 +190,63 @@ class TreeGrowth:
         inside = (gen_pos >= 0) & (gen_pos < self.N)
         return ids, torch.where(inside[..., None], score, float("-inf"))
 
-    def finish(
-        self, tokens: torch.Tensor, parent: torch.Tensor, depth: torch.Tensor, present: torch.Tensor, q_at: dict
-    ) -> DraftTree:
-        """Tables from nodes in creation order (root first): children in creation (= draw) order."""
-        B, n = tokens.shape
-        index = torch.arange(n, device=self.device)
-        same = (
-            (parent[:, :, None] == parent[:, None, :])
-            & present[:, None, :]
-            & (index[None, None, :] < index[None, :, None])
-        )
-        rank = same.sum(-1)  # earlier present siblings
-        K = self.k
-        has = present & (parent >= 0) & (rank < K)
-        # children[b, parent, rank] = node, by one scatter into a flat table with a spare last slot where every
-        # node without a place goes (no host read of how many there are); (parent, rank) pairs are unique
-        slot = torch.where(has, parent.clamp(min=0) * K + rank.clamp(max=K - 1), n * K)
-        flat = torch.full((B, n * K + 1), -1, dtype=torch.long, device=self.device)
-        flat.scatter_(1, slot, torch.where(has, index[None, :].expand(B, n), -1))
-        children = flat[:, : n * K].view(B, n, K)
-        node_q = None
-        if self.keep_q:
-            node_q = torch.zeros(B, n, self.V, device=self.device)
-            for node, q in q_at.items():  # node index tensor [B] -> q [B, V]
-                node_q[torch.arange(B, device=self.device), node] = q
-        return DraftTree(tokens, torch.where(present, parent, -1), depth, present, children, node_q, self.V)
-
 
 class DynamicTree(TreeGrowth):
+    """EAGLE-2's tree: each of `depth` rounds runs the drafter on the `top_k` best candidates so far (the front),
+    all rows and all front nodes in one forward; the tree keeps the `total_tokens - 1` best candidates made."""
+
     def __init__(self, run, root_pos, depth, top_k, total_tokens, children, generators) -> None:
         super().__init__(run, root_pos, top_k, children, generators)
         self.depth, self.total = depth, total_tokens
 
     def build(self) -> DraftTree:
-        run, B, K, device = self.run, self.B, self.k, self.device
-        rows = torch.arange(B, device=device)
+        run, B, K, D, device = self.run, self.B, self.k, self.depth, self.device
+        root = run.tree_root(self.root_pos)
         first_pos = self.root_pos + 1
         q_root = run.q(run.h_last[:, None], first_pos[:, None])  # [B, 1, V]
         ids, score = self.draw(q_root, first_pos[:, None])
-        ids, score = ids[:, 0], self.monotone(score[:, 0])
-        # Every candidate ever made: token, parent (candidate index, -1 = root), depth, score.
-        tok, par, dep, sc = [ids], [torch.full((B, K), -1, device=device)], [torch.ones(B, K, device=device)], [score]
-        q_of = {"root": q_root[:, 0]}
-        front = torch.arange(K, device=device).expand(B, K)  # candidate indices being expanded
-        front_h = run.h_last[:, None].expand(-1, K, -1)
-        sees = torch.eye(K, dtype=torch.bool, device=device).expand(B, K, K)  # scratch slots of ancestors + self
-        scratch = K * self.depth
-        sees = torch.cat([sees, torch.zeros(B, K, scratch - K, dtype=torch.bool, device=device)], 2)
-        made = K
-        for step in range(self.depth):
-            gen_pos = first_pos[:, None] + step
-            front_tok = torch.cat(tok, 1)[rows[:, None], front]
-            front_score = torch.cat(sc, 1)[rows[:, None], front]
-            alive = front_score > float("-inf")
-            h = run.expand(front_h, front_tok, torch.where(alive, gen_pos.expand(-1, K), -1),
-                           step * K + torch.arange(K, device=device).expand(B, K), sees, self.root_pos)  # fmt: skip
-            q = run.q(h, (gen_pos + 1).expand(-1, K))  # [B, K, V]
-            q_of[step] = (front, q)
-            ids, score = self.draw(q, (gen_pos + 1).expand(-1, K))  # [B, K, K]
-            score = front_score[..., None] + self.monotone(score)
+        # The front: the candidates the next round expands (at first the root's K), by candidate index, token, score.
+        front = torch.arange(K, device=device).expand(B, K)
+        front_tok, front_score = ids[:, 0], self.monotone(score[:, 0])
+        # Every candidate made, in index order: token, parent (a candidate index, -1 = the root), score.
+        tok, par, sc = [front_tok], [torch.full((B, K), -1, device=device)], [front_score]
+        fronts, qs = [], []
+        hidden = run.h_last[:, None].expand(-1, K, -1)  # [R, K, H]: the output at each front node's parent
+        # Round s writes front node j to scratch slot s * K + j; a node sees its own slot and its ancestors'.
+        slots = torch.arange(D * K, device=device).view(D, K)
+        own = torch.eye(D * K, dtype=torch.bool, device=device).view(D, K, D * K)
+        sees = own[0].expand(run.rows, K, D * K)
+        for step in range(D):
+            hidden = run.expand(root, hidden, front_tok, step + 1, front_score > float("-inf"), slots[step], sees)
+            gen_pos = (first_pos + step + 1)[:, None].expand(-1, K)
+            q = run.q(hidden, gen_pos)  # [B, K, V]
+            fronts.append(front)
+            qs.append(q)
+            ids, score = self.draw(q, gen_pos)  # [B, K, K]: K candidates under each front node
+            score = (front_score[..., None] + self.monotone(score)).flatten(1)
             tok.append(ids.flatten(1))
             par.append(front[..., None].expand(-1, -1, K).flatten(1))
-            dep.append(torch.full((B, K * K), step + 2.0, device=device))
-            sc.append(score.flatten(1))
-            best = score.flatten(1).topk(K, dim=1).indices  # the next round expands these
-            parent_slot = best // K
-            front = made + best
-            made += K * K
-            if step + 1 < self.depth:
-                front_h = h.gather(1, run.to_rows(parent_slot)[..., None].expand(-1, -1, h.shape[-1]))
-                sees = sees.gather(1, parent_slot[..., None].expand(-1, -1, sees.shape[2])).clone()
-                sees[:, torch.arange(K, device=device), (step + 1) * K + torch.arange(K, device=device)] = True
-        return self.select(torch.cat(tok, 1), torch.cat(par, 1), torch.cat(dep, 1).long(), torch.cat(sc, 1), q_of)
+            sc.append(score)
+            if step + 1 < D:  # the next front: this round's K best candidates, under their parents' outputs
+                front_score, best = score.topk(K, dim=1)
+                front_tok = tok[-1].gather(1, best)
+                front = K + step * K * K + best
+                parent = run.to_rows(best // K)[..., None]
+                hidden = hidden.gather(1, parent.expand(-1, -1, hidden.shape[-1]))
+                sees = sees.gather(1, parent.expand(-1, -1, sees.shape[-1])) | own[step + 1]
+        # candidate depths: the root's K at 1, then K * K a round at 2 .. D + 1
+        later = torch.arange(2, D + 2, device=device)[:, None].expand(-1, K * K).flatten()
+        dep = torch.cat([torch.ones(K, dtype=torch.long, device=device), later]).expand(B, -1)
+        kept_q = (q_root[:, 0], torch.cat(fronts, 1), torch.cat(qs, 1)) if self.keep_q else None
+        return self.select(torch.cat(tok, 1), torch.cat(par, 1), dep, torch.cat(sc, 1), kept_q)
 
     def monotone(self, score: torch.Tensor) -> torch.Tensor:
         """Sampled children score no higher than the child drawn before them (prefix-closed selection)."""
         return score.cummin(-1).values if self.children == "sampled" else score
 
-    def select(self, tok, par, dep, score, q_of) -> DraftTree:
-        """The total_tokens - 1 best candidates (ties: the earlier made), in creation order, under the root."""
+    def select(self, tok, par, dep, score, kept_q) -> DraftTree:
+        """The total_tokens - 1 best candidates (ties: the earlier made), in creation order, under the root.
+        `kept_q`: (q at the root [B, V], the expanded candidates [B, F], the q at each [B, F, V]) or None."""
         B, M = tok.shape
         device = self.device
         keep_n = min(self.total - 1, M)
@@ -270,83 +263,155 @@ class DynamicTree(TreeGrowth):
         parent = torch.cat([torch.full((B, 1), -1, device=device), parent], 1)
         depth = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=device), dep.gather(1, kept)], 1)
         present = torch.cat([torch.ones(B, 1, dtype=torch.bool, device=device), present], 1)
-        q_at = {torch.zeros(B, dtype=torch.long, device=device): q_of["root"]}
-        for step in range(self.depth):
-            if step not in q_of:
-                continue
-            front, q = q_of[step]
-            for f in range(front.shape[1]):
-                node = new_index.gather(1, front[:, f : f + 1])[:, 0]
-                q_at[torch.where(node >= 0, node, n)] = q[:, f]  # a dropped node writes the spare row
-        keep, self.keep_q = self.keep_q, False
-        tree = self.finish(tokens, parent, depth, present, {})
-        self.keep_q = keep
-        if not keep:
-            return tree
-        node_q = torch.zeros(B, n + 1, self.V, device=device)
-        rows = torch.arange(B, device=device)
-        for node, q in q_at.items():
-            node_q[rows, node] = q
-        tree.node_q = node_q[:, :n]
-        return tree
+        node_q = None
+        if kept_q is not None:  # each expanded candidate's q to its node; a dropped one's to a spare last row
+            q_root, expanded, q = kept_q
+            node = new_index.gather(1, expanded)
+            at = torch.where(node >= 0, node, n)[..., None].expand(-1, -1, self.V)
+            node_q = torch.zeros(B, n + 1, self.V, device=device)
+            node_q[:, 0] = q_root
+            node_q = node_q.scatter_(1, at, q)[:, :n]
+        return self.tables(tokens, parent, depth, present, node_q, self.depth + 1)
+
+    def tables(
+        self,
+        tokens: torch.Tensor,
+        parent: torch.Tensor,
+        depth: torch.Tensor,
+        present: torch.Tensor,
+        node_q: torch.Tensor | None,
+        deepest: int,
+    ) -> DraftTree:
+        """The tree from its nodes in creation order (root first): children in creation (= draw) order, and the
+        mask (no node deeper than `deepest`)."""
+        B, n = tokens.shape
+        index = torch.arange(n, device=self.device)
+        same = (
+            (parent[:, :, None] == parent[:, None, :])
+            & present[:, None, :]
+            & (index[None, None, :] < index[None, :, None])
+        )
+        rank = same.sum(-1)  # earlier present siblings
+        K = self.k
+        has = present & (parent >= 0) & (rank < K)
+        # children[b, parent, rank] = node, by one scatter into a flat table with a spare last slot where every
+        # node without a place goes (no host read of how many there are); (parent, rank) pairs are unique
+        slot = torch.where(has, parent.clamp(min=0) * K + rank.clamp(max=K - 1), n * K)
+        flat = torch.full((B, n * K + 1), -1, dtype=torch.long, device=self.device)
+        flat.scatter_(1, slot, torch.where(has, index[None, :].expand(B, n), -1))
+        children = flat[:, : n * K].view(B, n, K)
+        parent = torch.where(present, parent, -1)
+        mask = ancestors(parent, deepest) & present[:, None, :] & present[:, :, None]
+        return DraftTree(tokens, parent, depth, present, children, mask, node_q, self.V)
+
+
+@dataclass(frozen=True)
+class StaticLevel:
+    """One depth of a static shape: the nodes the drafter expands there, and where their children go."""
+
+    nodes: torch.Tensor  # [F] the level's expanded nodes (the root alone at depth 0)
+    parent_at: torch.Tensor  # [F] each one's parent's place in the level above's `nodes`
+    slots: torch.Tensor  # [F] their scratch slots (depth >= 1; the root's output is the drafter's h_last)
+    sees: torch.Tensor  # [1, F, scratch] the scratch slots each sees: its own and its expanded ancestors'
+    child_from: torch.Tensor  # [C] each child of the level's nodes among its draws flattened: f * top_k + rank
+    child_node: torch.Tensor  # [C] the node that child is
+    child_parent: torch.Tensor  # [C] and its parent node
+
+
+@dataclass(frozen=True)
+class StaticPlan:
+    """A static shape's tables, on one device: nodes 0 .. n-1 (the root, then the paths by length and ranks)."""
+
+    parent: torch.Tensor  # [n], -1 at the root
+    depth: torch.Tensor  # [n]
+    reach: torch.Tensor  # [n, n] node j is node i or one of its ancestors
+    children: torch.Tensor  # [n, top_k] each node's children by rank, -1 = none
+    levels: tuple[StaticLevel, ...]
+
+
+@functools.cache
+def static_plan(name: str, top_k: int, device: torch.device) -> StaticPlan:
+    """The tables of static shape `name` with `top_k` draws a node, made on the host once per device: the tree's
+    growth only indexes with them."""
+    paths = sorted(map(tuple, check_static_shape(name)), key=lambda p: (len(p), p))
+    index = {(): 0, **{p: i + 1 for i, p in enumerate(paths)}}
+    parent = [-1] + [index[p[:-1]] for p in paths]
+    reach = [[False] * len(index) for _ in index]
+    for path, i in index.items():
+        for cut in range(len(path) + 1):
+            reach[i][index[path[:cut]]] = True
+    children = [[-1] * top_k for _ in index]
+    for p in paths:
+        children[index[p[:-1]]][p[-1]] = index[p]
+    internal = {p[:-1] for p in paths}
+    scratch = max(1, len(internal - {()}))
+
+    def at(values, dtype=torch.long):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    levels, above, slot_of = [], [()], {}
+    for level in range(max(len(p) for p in paths)):
+        expand = sorted(p for p in internal if len(p) == level)
+        for p in expand:
+            if p:
+                slot_of[p] = len(slot_of)
+        seen = [{slot_of[p[:cut]] for cut in range(1, len(p) + 1)} for p in expand]  # itself and its ancestors
+        sees = [[s in slots for s in range(scratch)] for slots in seen]
+        kids = [(f * top_k + p[-1], index[p], index[p[:-1]]) for f, e in enumerate(expand) for p in paths
+                if p[:-1] == e]  # fmt: skip
+        levels.append(StaticLevel(
+            nodes=at([index[p] for p in expand]),
+            parent_at=at([above.index(p[:-1]) if p else 0 for p in expand]),
+            slots=at([slot_of.get(p, 0) for p in expand]),
+            sees=at(sees, torch.bool)[None],
+            child_from=at([k[0] for k in kids]),
+            child_node=at([k[1] for k in kids]),
+            child_parent=at([k[2] for k in kids]),
+        ))  # fmt: skip
+        above = expand
+    return StaticPlan(at(parent), at([len(p) for p in index]), at(reach, torch.bool), at(children), tuple(levels))
 
 
 class StaticTree(TreeGrowth):
-    def __init__(self, run, root_pos, paths, top_k, children, generators) -> None:
+    """A static shape: level by level, the drafter runs on the level's expanded nodes (one forward for all rows
+    and all of them), and the ranks the shape lists of each one's draws become its children."""
+
+    def __init__(self, run, root_pos, shape, top_k, children, generators) -> None:
         super().__init__(run, root_pos, top_k, children, generators)
-        self.paths = sorted(paths, key=lambda p: (len(p), p))
-        if max(max(p) for p in paths) >= top_k:
-            raise ValueError(
-                f"the static tree uses child ranks up to {max(max(p) for p in paths)}, decoder.top_k={top_k}"
-            )
+        most = max(max(p) for p in check_static_shape(shape))
+        if most >= top_k:
+            raise ValueError(f"the static tree uses child ranks up to {most}, decoder.top_k={top_k}")
+        self.shape = shape
 
     def build(self) -> DraftTree:
         run, B, device = self.run, self.B, self.device
-        index = {(): 0, **{tuple(p): i + 1 for i, p in enumerate(self.paths)}}
-        n = len(index)
+        plan = static_plan(self.shape, self.k, device)
+        n = len(plan.parent)
+        root = run.tree_root(self.root_pos)
         tokens = torch.zeros(B, n, dtype=torch.long, device=device)
-        score = torch.zeros(B, n, device=device)
-        parent = torch.full((B, n), -1, dtype=torch.long, device=device)
-        depth = torch.zeros(B, n, dtype=torch.long, device=device)
-        for path, i in index.items():
-            if path:
-                parent[:, i], depth[:, i] = index[path[:-1]], len(path)
-        internal = {p[:-1] for p in map(tuple, self.paths)}
-        q_at: dict = {}
-        levels = max(len(p) for p in self.paths)
-        scratch = run.scratch
-        hidden_of: dict[tuple, torch.Tensor] = {(): run.h_last}
-        slot_of: dict[tuple, int] = {}
-        sees_of: dict[tuple, torch.Tensor] = {(): torch.zeros(B, scratch, dtype=torch.bool, device=device)}
-        next_slot = 0
-        for level in range(levels):
-            expand = sorted(p for p in internal if len(p) == level)
-            if level:  # run the drafter on this level's internal nodes (the root's output is h_last)
-                nodes = [index[p] for p in expand]
-                slots = list(range(next_slot, next_slot + len(expand)))
-                next_slot += len(expand)
-                sees = torch.stack([sees_of[p[:-1]] for p in expand], 1).clone()
-                for j, s in enumerate(slots):
-                    sees[:, j, s] = True
-                alive = score[:, nodes] > float("-inf")
-                gen_pos = torch.where(alive, (self.root_pos + level)[:, None].expand(-1, len(nodes)), -1)
-                parent_h = torch.stack([hidden_of[p[:-1]] for p in expand], 1)
-                h = run.expand(parent_h, tokens[:, nodes], gen_pos,
-                               torch.tensor(slots, device=device).expand(B, -1), sees, self.root_pos)  # fmt: skip
-                for j, p in enumerate(expand):
-                    hidden_of[p], slot_of[p], sees_of[p] = h[:, j], slots[j], sees[:, j]
-            h_level = torch.stack([hidden_of[p] for p in expand], 1)
-            gen_pos = (self.root_pos + level + 1)[:, None].expand(-1, len(expand))
-            q = run.q(h_level, gen_pos)  # [B, F, V]
+        score = torch.zeros(B, n, device=device)  # log q along each node's path; -inf: absent (the root: 0)
+        node_q = torch.zeros(B, n, self.V, device=device) if self.keep_q else None
+        hidden = run.h_last[:, None]  # [R, F, H]: the drafter's output at each node of the level
+        for level, at in enumerate(plan.levels):
+            if level:  # the drafter on this level's nodes, under their parents' outputs
+                alive = score[:, at.nodes] > float("-inf")
+                hidden = run.expand(root, hidden[:, at.parent_at], tokens[:, at.nodes], level, alive, at.slots,
+                                    at.sees)  # fmt: skip
+            gen_pos = (self.root_pos + level + 1)[:, None].expand(-1, len(at.nodes))
+            q = run.q(hidden, gen_pos)  # [B, F, V]
             ids, s = self.draw(q, gen_pos)
-            for j, p in enumerate(expand):
-                q_at[torch.full((B,), index[p], device=device)] = q[:, j]
-                for path in self.paths:
-                    if tuple(path[:-1]) == p:
-                        i = index[tuple(path)]
-                        tokens[:, i] = ids[:, j, path[-1]]
-                        alive = score[:, index[p]] > float("-inf")  # a dropped parent drops its subtree
-                        score[:, i] = torch.where(alive, s[:, j, path[-1]], float("-inf"))
+            # the listed ranks of each node's draws are its children; a dropped parent drops its subtree
+            tokens[:, at.child_node] = ids.flatten(1)[:, at.child_from]
+            alive = score[:, at.child_parent] > float("-inf")
+            score[:, at.child_node] = torch.where(alive, s.flatten(1)[:, at.child_from], float("-inf"))
+            if node_q is not None:
+                node_q[:, at.nodes] = q
+        # The shape fixes the tables: its children less the absent ones, and its ancestors among the present nodes
+        # (an absent node's subtree is absent).
         present = score > float("-inf")
-        present[:, 0] = True
-        return self.finish(tokens, parent, depth, present, q_at)
+        kids = plan.children.expand(B, -1, -1)
+        there = present.gather(1, kids.clamp(min=0).flatten(1)).view_as(kids) & (kids >= 0)
+        mask = plan.reach & present[:, None, :] & present[:, :, None]
+        parent = torch.where(present, plan.parent, -1)
+        return DraftTree(tokens, parent, plan.depth.expand(B, n), present, torch.where(there, kids, -1), mask, node_q,
+                         self.V)  # fmt: skip

@@ -15,18 +15,27 @@ ROWS = 200_000
 V = 5
 
 
-def one_hot_q(tokens):
-    rows = torch.arange(tokens.shape[0])
+def kid_tokens(tokens, children):
+    """[B, N, K] the token of each child (the root's, 0, where there is none)."""
+    B, N, K = children.shape
+    return tokens.gather(1, children.clamp(min=0).flatten(1)).view(B, N, K)
 
-    def q_of(node, kids):
-        return torch.nn.functional.one_hot(tokens[rows[:, None], kids.clamp(min=0)], V).float()
 
-    return q_of
+def one_hot_q(tokens, children):
+    return torch.nn.functional.one_hot(kid_tokens(tokens, children), V).float()
+
+
+def shape_of(parent: list[int], rows: int):
+    """depth [B, N] and the ancestor table [B, N, N] of the tree with `parent` (-1 at the root), in every row."""
+    depth = [0]
+    for i in parent[1:]:
+        depth.append(depth[i] + 1)
+    return torch.tensor(depth).expand(rows, -1), ancestors(torch.tensor(parent).expand(rows, -1))
 
 
 def tree_of_two_levels(root_children: torch.Tensor, grandchild: torch.Tensor):
     """Root (node 0) with children 1 .. k (tokens `root_children` [B, k]); node 1 has one child (token
-    `grandchild` [B]) at node k + 1."""
+    `grandchild` [B]) at node k + 1. Returns tokens, children, depth and the ancestor table."""
     B, k = root_children.shape
     n = k + 2
     tokens = torch.zeros(B, n, dtype=torch.long)
@@ -34,7 +43,7 @@ def tree_of_two_levels(root_children: torch.Tensor, grandchild: torch.Tensor):
     children = torch.full((B, n, k), -1, dtype=torch.long)
     children[:, 0] = torch.arange(1, k + 1)
     children[:, 1, 0] = k + 1
-    return tokens, children
+    return (tokens, children, *shape_of([-1] + [0] * k + [1], B))
 
 
 def first_two(walk, tokens):
@@ -71,26 +80,20 @@ def test_descending_a_tree_commits_tokens_distributed_as_the_target(children):
         gumbel = -(-torch.rand(ROWS, V, generator=g).log()).log()
         kids = (q.log() + gumbel).topk(k, dim=1).indices
     grand = ps[1 + kids[:, 0]].argmax(-1)
-    tokens, tree_children = tree_of_two_levels(kids, grand)
+    tokens, tree_children, depth, reach = tree_of_two_levels(kids, grand)
     n = tokens.shape[1]
     p = torch.empty(ROWS, n, V)
     p[:, 0] = ps[0]
     p[:, 1 : k + 1] = ps[1 + kids]
     p[:, k + 1] = 0.2  # after the grandchild: any p (uniform)
-    rows = torch.arange(ROWS)
-    if children == "top_k":
-        q_of = one_hot_q(tokens)
-    else:
-
-        def q_of(node, kid_nodes):  # the root's children were drawn from q; node 1's one child is fixed
-            ids = tokens[rows[:, None], kid_nodes.clamp(min=0)]
-            drawn = without_replacement_q(q.expand(ROWS, V), ids)
-            return torch.where((node == 0)[:, None, None], drawn, torch.nn.functional.one_hot(ids, V).float())
-
+    q_of = one_hot_q(tokens, tree_children)
+    if children == "sampled":  # the root's children were drawn from q; node 1's one child is fixed
+        q_of[:, 0] = without_replacement_q(q.expand(ROWS, V), kids)
     u = torch.rand(ROWS, 3, k, generator=g)
-    walk = walk_tree(p, tokens, tree_children, q_of, u, torch.rand(ROWS, 3, generator=g))
+    tree = (p, tokens, tree_children, depth, reach, q_of)
+    walk = walk_tree(*tree, u, torch.rand(ROWS, 3, generator=g))
     assert bool(walk.complete)
-    short = walk_tree(p, tokens, tree_children, q_of, u[:, :1], torch.rand(ROWS, 1, generator=g))
+    short = walk_tree(*tree, u[:, :1], torch.rand(ROWS, 1, generator=g))
     assert not bool(short.complete)  # one level cannot finish a row whose root child is accepted
     first, second = first_two(walk, tokens)
     counts = np.bincount(first.numpy(), minlength=V)
@@ -194,21 +197,20 @@ def test_a_value_pruned_sampled_tree_is_not_exact_and_eagle_refuses_it():
     q = torch.tensor([0.2, 0.4, 0.4, 0.0])
     gumbel = -(-torch.rand(ROWS, 4, generator=g).log()).log()
     kids = (q.log() + gumbel).topk(2, dim=1).indices  # two ordered draws without replacement, per row
-    rows = torch.arange(ROWS)
     tokens = torch.zeros(ROWS, 3, dtype=torch.long)
     tokens[:, 1:] = kids
     p = torch.full((ROWS, 3, 4), 0.25)
     p[:, 0] = p_root
-
-    def q_of(node, kid_nodes):
-        return without_replacement_q(q.expand(ROWS, 4), tokens[rows[:, None], kid_nodes.clamp(min=0)])
+    depth, reach = shape_of([-1, 0, 0], ROWS)
 
     def first_token_share(keep_second: torch.Tensor) -> float:
         children = torch.full((ROWS, 3, 2), -1, dtype=torch.long)
         children[:, 0, 0] = 1
         children[:, 0, 1] = torch.where(keep_second, 2, -1)
+        q_of = torch.zeros(ROWS, 3, 2, 4)
+        q_of[:, 0] = without_replacement_q(q.expand(ROWS, 4), kids)  # the root's two draws
         u = torch.rand(ROWS, 2, 2, generator=g)
-        walk = walk_tree(p, tokens, children, q_of, u, torch.rand(ROWS, 2, generator=g))
+        walk = walk_tree(p, tokens, children, depth, reach, q_of, u, torch.rand(ROWS, 2, generator=g))
         first, _ = first_two(walk, tokens)
         return float((first == 0).float().mean())
 

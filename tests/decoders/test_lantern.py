@@ -76,7 +76,7 @@ def test_the_credit_is_the_longest_prefix_of_neighbour_mass_within_the_bound():
              ({"delta": 1.0}, 0.85, True), ({"lam": 1.0}, 0.3, False), ({"lam": 1.2}, 0.35, True),
              ({"lam": 1.6}, 0.45, True)]  # fmt: skip
     for bound, relaxed, has_j in cases:
-        got, j = lantern_credit(target, x, nb, there, **bound)
+        got, j = lantern_credit(target[0, x], target[0, nb], there, **bound)
         assert got.item() == pytest.approx(relaxed) and j.item() == has_j, bound
 
 
@@ -87,7 +87,7 @@ def test_delta_0_and_lam_1_credit_nothing_where_every_neighbour_has_mass():
     nb, there = line_neighbours().of(x, 5)
     p_x = target[torch.arange(500), x]
     for bound in ({"delta": 0.0}, {"lam": 1.0}):
-        relaxed, has_j = lantern_credit(target, x, nb, there, **bound)
+        relaxed, has_j = lantern_credit(p_x, target.gather(1, nb), there, **bound)
         assert torch.equal(relaxed, p_x) and not has_j.any()
 
 
