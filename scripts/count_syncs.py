@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from sjd.bench.sync_table import SHOWN, forward_ops_line, sync_table
+from sjd.bench.sync_table import SHOWN, forward_ops_line, merged_into, sync_table
 from sjd.harness.provenance import git_hash
 from sjd.harness.results import markdown_table
 
@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--caches", default="dynamic,static", help="KV caches to count on (run.py's cache)")
     ap.add_argument("--kernels", default="eager", help="eager, compiled (static cache only) or both")
     ap.add_argument("--out", type=Path, default=None, help="write the table here (results/syncs.csv is ours)")
+    ap.add_argument("--merge", action="store_true", help="add the rows to --out, replacing those with the same key")
     ap.add_argument("--forward-ops", action="store_true", help="count one forward's operator calls instead")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -56,7 +57,7 @@ def main() -> None:
     print(markdown_table(table[SHOWN].round(2)))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(args.out, index=False)
+        (merged_into(table, args.out) if args.merge else table).to_csv(args.out, index=False)
         print(f"wrote {args.out}")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -71,3 +72,18 @@ def sync_table(
     table = pd.DataFrame(rows)
     table["decoder_sync_purposes"] = [sync_purposes(s) for s in table["decoder_sync_sites"]]
     return table.assign(model=model)
+
+
+KEY = ["decoder", "cache", "kernels", "window", "batch"]
+
+
+def merged_into(table: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """`table`'s rows added to the CSV at `path`, replacing its rows with the same decoder, cache, kernels, window
+    and batch, so that counts at other windows (Hawk's 13, SSD's 5) join the reference table with their own
+    command and git hash."""
+    if not path.exists():
+        return table
+    old = pd.read_csv(path)
+    key = lambda t: t[KEY].astype(str).agg("|".join, axis=1)  # noqa: E731
+    both = pd.concat([old[~key(old).isin(set(key(table)))], table], ignore_index=True)
+    return both.sort_values(KEY, kind="stable", key=lambda c: c.astype(str)).reset_index(drop=True)

@@ -1,0 +1,31 @@
+"""The reference sync table joins counts made by several commands: rows of a later command replace those with
+the same key and keep the rest (sjd/bench/sync_table.py)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from sjd.bench.sync_table import merged_into
+
+
+def rows(*items: tuple[str, str, int, float, str]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [{"decoder": d, "cache": c, "kernels": "eager", "window": w, "batch": 1, "syncs_per_iter": s, "command": cmd}
+         for d, c, w, s, cmd in items]
+    )  # fmt: skip
+
+
+def test_merged_rows_replace_their_key_and_keep_the_others(tmp_path):
+    path = tmp_path / "syncs.csv"
+    rows(("sjd", "static", 16, 2.0, "all"), ("hawk", "static", 16, 9.0, "all"), ("ar", "static", 16, 0.0, "all")
+         ).to_csv(path, index=False)  # fmt: skip
+    out = merged_into(rows(("hawk", "static", 13, 1.0, "hawk"), ("sjd", "static", 16, 1.0, "again")), path)
+    got = {(r.decoder, r.window): (r.syncs_per_iter, r.command) for r in out.itertuples()}
+    assert got == {("ar", 16): (0.0, "all"), ("hawk", 16): (9.0, "all"), ("hawk", 13): (1.0, "hawk"),
+                   ("sjd", 16): (1.0, "again")}  # fmt: skip
+    assert list(out["decoder"]) == sorted(out["decoder"])
+
+
+def test_without_a_file_the_table_is_written_as_it_is(tmp_path):
+    table = rows(("sjd", "static", 16, 1.0, "x"))
+    assert merged_into(table, tmp_path / "none.csv") is table
