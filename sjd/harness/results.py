@@ -24,6 +24,7 @@ from PIL import Image, ImageDraw
 from sjd.decoders.base import DecodeResult
 from sjd.decoders.stages import STAGES
 from sjd.harness.intervals import summary_intervals
+from sjd.harness.model_range import priced, ratio_range
 from sjd.harness.pricing import sample_prices
 from sjd.types import Prompt
 
@@ -332,7 +333,29 @@ def summary_rows(samples: pd.DataFrame, baseline: str | None, meta: dict) -> pd.
     for key, value in meta.items():
         if key not in summary.columns:
             summary[key] = value if not isinstance(value, dict | list) else json.dumps(value, sort_keys=True)
-    return summary
+    return with_modelled_ranges(summary, baseline)
+
+
+MODELLED_RANGES = ("modelled_speedup", "modelled_efficiency")
+
+
+def with_modelled_ranges(summary: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
+    """`modelled_speedup_range_lo/hi` and `modelled_efficiency_range_lo/hi`: each modelled ratio to the baseline
+    over the plausible range of the cost model's constants (every engine, the bandwidth reached, launch, call and
+    sync costs: sjd.harness.model_range) and over prompts, where `modelled_*_lo/hi` are over prompts alone at the
+    default engine. NaN for the baseline and for rows the model cannot price."""
+    columns = {f"{c}_range_{end}": [np.nan] * len(summary) for c in MODELLED_RANGES for end in ("lo", "hi")}
+    bases = summary[summary["decoder"] == baseline]
+    base = bases.iloc[0] if len(bases) else None
+    for i, (_, row) in enumerate(summary.iterrows()):
+        if base is None or row["decoder"] == baseline or not (priced(row) and priced(base)):
+            continue
+        for ratio, scale in (("modelled_speedup", 1.0), ("modelled_efficiency", row["n_forward"] / base["n_forward"])):
+            point, lo, hi = row.get(ratio), row.get(f"{ratio}_lo"), row.get(f"{ratio}_hi")
+            spread = (lo / point, hi / point) if point and np.isfinite([point, lo, hi]).all() else (np.nan, np.nan)
+            span = ratio_range(row, [base], [spread], scale)
+            columns[f"{ratio}_range_lo"][i], columns[f"{ratio}_range_hi"][i] = span.lo, span.hi
+    return summary.assign(**columns)
 
 
 def decoder_row(decoder: str, df: pd.DataFrame, meta: dict) -> dict:

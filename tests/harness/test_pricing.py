@@ -4,6 +4,7 @@ calls and syncs from results/syncs.csv, and the summary's fe_compression and mod
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 from test_run import run_py
@@ -142,6 +143,13 @@ def test_the_summary_sets_modelled_speedup_beside_step_compression_with_paired_i
         lo, hi = summary.loc["hybrid", f"{column}_lo"], summary.loc["hybrid", f"{column}_hi"]
         assert lo - 1e-9 <= summary.loc["hybrid", column] <= hi + 1e-9
     assert summary.loc["sjd", "modelled_efficiency"] == pytest.approx(summary.loc["sjd", "modelled_speedup"] / 8.0)
+    # over the cost model's constants too: every engine, bandwidth, launch and sync costs (sjd.harness.model_range)
+    for column in ("modelled_speedup", "modelled_efficiency", "modelled_eager_speedup"):
+        ranged = column.replace("eager_", "")
+        lo, hi = summary.loc["hybrid", f"{ranged}_range_lo"], summary.loc["hybrid", f"{ranged}_range_hi"]
+        assert lo <= summary.loc["hybrid", f"{column}_lo"] and summary.loc["hybrid", f"{column}_hi"] <= hi
+    assert summary.loc["hybrid", "modelled_speedup_range_hi"] > 1.2 * summary.loc["hybrid", "modelled_speedup_range_lo"]
+    assert np.isnan(summary.loc["ar", "modelled_speedup_range_lo"])
 
 
 @pytest.mark.slow
