@@ -106,6 +106,7 @@ def test_compiled_kernels_cut_the_launches_of_an_iteration(toy, name):
     finally:
         adapter.use_cache("dynamic")
     eager, graphed = counts[True], counts[False]
+
     def per_iteration(syncs):  # the layout's tables are copied once per device, by whichever decode runs first
         return {site: n for site, n in syncs.items() if site[0] != "once"}
 
