@@ -13,6 +13,7 @@ FIGURES = {  # figure -> the columns its rows need
     "pareto": ("latency_speedup", "audit_tv", "fid", "lossless_expected"),
     "accept_hist": ("accept_hist", "mean_accepted"),
     "frontier": ("step_compression", "tf_excess_nats"),  # excess nats a token against modelled speed (else steps)
+    "readings": ("step_compression", "tf_excess_nats"),  # a frontier, then the readings' table (readings_page.py)
     "regime": ("step_compression", "entropy_nats"),
     "calibration": ("step_compression", "entropy_nats"),  # a table, not a figure (calibration_page.py)
     "goal": ("step_compression", "vs_sjd_official"),  # a table, not a figure (goal_page.py)

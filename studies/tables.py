@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 
+# rows_below and rounds: what tells SSD's readings apart (studies.readings_page)
 SETTINGS = ("init", "context", "denoise_steps", "coupling", "forced_drafts", "verification", "neighbours",
-            "delta", "branches", "branch_depth", "ar_prefix", "schedule", "official_l")  # fmt: skip
+            "delta", "branches", "branch_depth", "ar_prefix", "schedule", "official_l",
+            "rows_below", "rounds")  # fmt: skip
 # (column, heading, format): the key columns, each shown where a row of the part has a value.
 COLUMNS = (
     ("n_prompts", "samples", "d"),

@@ -11,6 +11,8 @@ one teacher-forced forward per image, at the run's dtype and through the adapter
 samples go through the same test as the control; when AR fails, the teacher-forced forward and the
 decoding forwards disagree numerically (bf16 window forwards against one full-sequence forward, for
 example), and every row's verdict says so rather than blaming the decoder.
+A decoder that commits blocks of rows records which row of its block committed each token
+(`extras["block_depth"]`, sjd.decoders.ssd), and the audit splits its impossible tokens by it.
 Every sample has its own generator, seeded from (seed, tag + index), so the audit's samples do not
 depend on its batch size.
 """
@@ -115,6 +117,15 @@ def verdict(row: dict, control_p: float, lossless: bool) -> str:
     return "no power" if row["tf_n_tokens"] < row["tf_tokens_needed"] else "pass"
 
 
+def block_depths(samples: pd.DataFrame) -> np.ndarray | None:
+    """[n, N] the row of its block that committed each token of each sample (`extras["block_depth"]`, recorded by
+    a decoder that commits blocks of rows, sjd.decoders.ssd); None unless every sample has it."""
+    extras = [e if isinstance(e, dict) else {} for e in samples.get("extras", [])]
+    if not extras or any("block_depth" not in e for e in extras):
+        return None
+    return np.array([e["block_depth"] for e in extras], dtype=np.int64)
+
+
 def teacher_forced_rows(
     cfg: DictConfig, adapter: ModelAdapter, samples: pd.DataFrame, decoders: list[Decoder], sampling: SamplingConfig
 ) -> pd.DataFrame:
@@ -126,7 +137,8 @@ def teacher_forced_rows(
         mine = samples[samples["decoder"] == d.name]
         prompts = [Prompt(str(i), t) for i, t in zip(mine["prompt_id"], mine["prompt"])]
         tokens = torch.tensor(np.stack(mine["tokens"].to_numpy()))
-        found[d.name] = audit_images(adapter, prompts, tokens, [int(s) for s in mine["seed"]], sampling, batch)
+        seeds = [int(s) for s in mine["seed"]]
+        found[d.name] = audit_images(adapter, prompts, tokens, seeds, sampling, batch, block_depths(mine))
     control_p = found[cfg.baseline.name]["tf_p"]
     rows = []
     for d in decoders:

@@ -230,10 +230,35 @@ def exactness_statistics(terms: TokenTerms, uniforms: np.ndarray, grid: CodeGrid
             "tf_tokens_needed_split": tokens_for_split_power(var_per_token), "tf_p": combined}  # fmt: skip
 
 
+def impossible_share(zero: np.ndarray, counted: np.ndarray) -> float:
+    """The share of `counted` positions whose committed token has probability 0; NaN when none is counted."""
+    n = int(counted.sum())
+    return float(zero[counted].sum() / n) if n else float("nan")
+
+
+BLOCK_ROW_COLUMNS = ["tf_zero_share_top_row", "tf_zero_share_rows_below"]
+
+
+def zero_share_by_block_row(terms: TokenTerms, grid: CodeGrid, block_depth: np.ndarray | None) -> dict:
+    """tf_zero_share split by the row of its block that committed each token (`block_depth` [n_images, n_tokens],
+    a decoder's record of it, sjd.decoders.ssd: 0 the block's top row, 1, 2, ... the rows below, -1 no block). A
+    lower row is drafted and kept on part of the rows above only, so where the impossible tokens fall says which
+    of the two departures makes them. NaN for both without the record (a decoder with no blocks), NaN for a class
+    with no position."""
+    if block_depth is None:
+        return dict.fromkeys(BLOCK_ROW_COLUMNS, float("nan"))
+    zero = terms.p_token <= 0
+    counted = grid.tested[None] | zero  # as tf_zero_share counts
+    return {
+        "tf_zero_share_top_row": impossible_share(zero, counted & (block_depth == 0)),
+        "tf_zero_share_rows_below": impossible_share(zero, counted & (block_depth >= 1)),
+    }
+
+
 TF_COLUMNS = [
     "tf_n_images", "tf_n_tokens", "tf_z", "tf_excess_nats", "tf_var_nats2", "tf_ks_d", "tf_ks_p", "tf_row_ks_p",
     "tf_lag1_r", "tf_lag1_p", "tf_lag_row_r", "tf_lag_row_p", "tf_entropy_strata_p", "tf_position_strata_p",
-    "tf_zero_count", "tf_zero_share", "tf_tokens_needed", "tf_tokens_needed_split", "tf_p",
+    "tf_zero_count", "tf_zero_share", *BLOCK_ROW_COLUMNS, "tf_tokens_needed", "tf_tokens_needed_split", "tf_p",
 ]  # fmt: skip
 
 
@@ -244,7 +269,11 @@ def audit_images(
     seeds: Sequence[int],
     sampling: SamplingConfig,
     batch_size: int,
+    block_depth: np.ndarray | None = None,
 ) -> dict:
-    """The one-sample audit of images `tokens` [n, N] drawn for `prompts` with generator seeds `seeds`."""
+    """The one-sample audit of images `tokens` [n, N] drawn for `prompts` with generator seeds `seeds`, with the
+    impossible tokens split by block row where the decoder recorded `block_depth` [n, N]."""
     terms = teacher_forced_tokens(adapter, prompts, tokens, sampling, batch_size)
-    return exactness_statistics(terms, pit_uniforms(terms, seeds), code_grid(adapter.layout))
+    grid = code_grid(adapter.layout)
+    return {**exactness_statistics(terms, pit_uniforms(terms, seeds), grid),
+            **zero_share_by_block_row(terms, grid, block_depth)}  # fmt: skip

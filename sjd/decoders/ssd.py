@@ -27,6 +27,11 @@ Our choices where the paper, as we could read it, leaves room (all settings, con
 - the token after a block (from the last slot's p) is committed only when the last round accepted every draft, so
   that p is conditioned on the committed tokens;
 - layouts with an end-of-line token per row only (Lumina-mGPT's, Emu3's), so a row's first input is committed.
+
+Each sample records, per generated position, which row of its block committed it (`extras["block_depth"]`: 0 the
+top active row, drafted along the row; 1, 2, ... the rows below it, drafted from the row above; -1 no block: the
+prefill's first token and the grammar-forced ones), counted when the block was drafted, so that the one-sample
+audit can say where the impossible tokens fall (sjd.audit.in_run).
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ class SSDRowState(RowState):
     predicts each position (all CFG rows), and the heads calls."""
 
     rounds_done: list[int] = field(default_factory=list)
+    # each image row's current block: its row counted from the top active row when it was drafted (0 = the top)
+    depth: list[int] = field(default_factory=list)
+    block_depth: torch.Tensor | None = None  # [N] long, on the host: the `depth` of the block that committed each
     features: torch.Tensor | None = None  # [N, copies, H]
     has_feature: torch.Tensor | None = None  # [N] bool, on the host (it knows which positions the forwards wrote)
     head_forwards: int = 0
@@ -161,11 +169,14 @@ class SSDDecoder(PJDDecoder):
         result = super().finish_call(call, states, n_forward)
         result.extras["head_forwards"] = [s.head_forwards for s in states]
         result.extras["heads"] = [self.window] * len(states)  # a call runs a head about once per drafted column
+        result.extras["block_depth"] = [s.block_depth.tolist() for s in states]
         return result
 
     def _initial_state(self, layout: ImageLayout, first: torch.Tensor, device: torch.device) -> SSDRowState:
         base = super()._initial_state(layout, first, device)
-        return SSDRowState(**vars(base), rounds_done=[0] * layout.height)
+        no_block = torch.full((layout.n_tokens,), -1, dtype=torch.long)  # the prefill's token, the forced ones
+        return SSDRowState(**vars(base), rounds_done=[0] * layout.height, depth=[0] * layout.height,
+                           block_depth=no_block)  # fmt: skip
 
     @staticmethod
     def remember_features(s: SSDRowState, positions: torch.Tensor, hidden: torch.Tensor) -> None:
@@ -210,6 +221,7 @@ class SSDDecoder(PJDDecoder):
                     continue  # waiting for the row above
                 drafts, q = None, None
                 new_blocks.append((r, start, n))
+                s.depth[r] = r - top  # fixed for the block's rounds: how it was drafted (along the row, or below)
             n = len(drafts) if drafts is not None else new_blocks[-1][2]
             segments.append(
                 Segment(row=r, positions=list(range(start - 1, start + n)), n_committed=1, drafts=drafts, q=q)
@@ -361,6 +373,7 @@ class SSDDecoder(PJDDecoder):
             s.tokens[start + n] = sample_from(p_seg[n : n + 1], u)[0]
             take += 1
         s.committed[start : start + take] = True
+        s.block_depth[start : start + take] = s.depth[r]  # the token after the block too: its row's block drew it
         s.done[r] = col + take
         s.rounds_done[r] = 0
         s.carried[r], s.carried_q[r] = tokens[:0], p_seg[:0]

@@ -14,6 +14,7 @@ from scipy import stats
 
 from sjd.audit.controls import CONTROLS, make_control
 from sjd.audit.driver import AuditDraws
+from sjd.audit.in_run import block_depths
 from sjd.audit.teacher_forced import (
     STATISTICS,
     TokenTerms,
@@ -22,6 +23,7 @@ from sjd.audit.teacher_forced import (
     pit_uniforms,
     position_terms,
     tokens_for_power,
+    zero_share_by_block_row,
 )
 from sjd.core.sampling import SamplingConfig
 from sjd.decoders.ar import ARDecoder
@@ -286,3 +288,32 @@ def test_a_run_audits_its_own_samples_with_ar_as_the_control(compose_cfg, tmp_pa
     assert summary.loc["sjd", "tf_tokens_needed"] > 64
     written = pd.read_csv(tmp_path / "run" / "summary.csv")
     assert {"tf_p", "tf_z", "tf_verdict", "tf_n_tokens"} <= set(written.columns)
+    assert written[["tf_zero_share_top_row", "tf_zero_share_rows_below"]].isna().all().all()  # no blocks: NaN
+
+
+def test_impossible_tokens_are_split_by_the_row_of_their_block():
+    """tf_zero_share_top_row counts the impossible tokens among a block's top-row tokens only, and
+    tf_zero_share_rows_below among the rows below only (SSD's `block_depth`: 0 top, >= 1 below, -1 no block)."""
+    terms, _ = _exact_terms(np.random.default_rng(7), 4, 12, 6)
+    depth_of_position = np.array([-1, 0, 0, 0, 1, 1, 1, 1, 2, 2, 0, -1])  # 4 top-row tokens, 6 below, per image
+    depth = np.tile(depth_of_position, (4, 1))
+    grid = type("G", (), {"tested": depth_of_position >= 0, "row": np.arange(12) // 4, "row_stride": 4})()
+    for image, position in [(0, 1), (1, 2), (2, 10), (3, 3)]:  # 4 of the 16 top-row tokens
+        terms.p_token[image, position] = 0.0
+    for image, position in [(0, 4), (2, 8), (3, 9)]:  # 3 of the 24 tokens below
+        terms.p_token[image, position] = 0.0
+    split = zero_share_by_block_row(terms, grid, depth)
+    assert split == {"tf_zero_share_top_row": 4 / 16, "tf_zero_share_rows_below": 3 / 24}
+    whole = exactness_statistics(terms, pit_uniforms(terms, range(4)), grid)
+    assert whole["tf_zero_share"] == pytest.approx(7 / 40)  # the two shares weigh back to the whole
+    assert all(np.isnan(v) for v in zero_share_by_block_row(terms, grid, None).values())  # no blocks: NaN
+    one_row = zero_share_by_block_row(terms, grid, np.where(depth > 0, 0, depth))  # every block one row tall
+    assert one_row["tf_zero_share_top_row"] == 7 / 40 and np.isnan(one_row["tf_zero_share_rows_below"])
+
+
+def test_the_in_run_audit_reads_the_block_rows_from_the_sample_records():
+    """The audit takes SSD's record from each sample's extras, and only when every sample has one."""
+    samples = pd.DataFrame({"extras": [{"block_depth": [-1, 0, 1]}, {"block_depth": [-1, 1, 0]}]})
+    np.testing.assert_array_equal(block_depths(samples), [[-1, 0, 1], [-1, 1, 0]])
+    assert block_depths(samples.assign(extras=[{"block_depth": [-1, 0, 1]}, {}])) is None
+    assert block_depths(pd.DataFrame({"tokens": [[1, 2, 3]]})) is None

@@ -98,3 +98,38 @@ def test_a_layout_without_end_of_line_tokens_is_refused():
     adapter = instantiate(OmegaConf.load(ROOT / "conf/model/standin_llamagen_512.yaml").adapter, device="cpu")
     with pytest.raises(ValueError, match="end-of-line"):
         SSDDecoder(heads=RANDOM_HEADS).check(adapter)
+
+
+def test_each_token_records_the_row_of_its_block_that_committed_it(toy):
+    """`block_depth`: -1 exactly at the tokens no block commits (the forced ones, and position 0 from the prefill),
+    0 in the top active row, 1, 2, ... in the rows below; the image's first row is always the top row, the second
+    row's first block drafted a row below it; one row in flight has no rows below."""
+    layout = toy.layout
+    no_block = ((layout.forced >= 0) | (torch.arange(layout.n_tokens) == 0)).tolist()
+    stacked = SSDDecoder(rows_below=2, heads=RANDOM_HEADS).generate(toy, PROMPTS, SAMPLED, gens(3))
+    for depth in stacked.extras["block_depth"]:
+        assert [d == -1 for d in depth] == no_block
+        assert set(depth) == {-1, 0, 1, 2}
+        first_row = depth[layout.first_code : layout.first_code + layout.width]
+        second_row = depth[layout.first_code + layout.row_stride : layout.first_code + layout.row_stride + 5]
+        assert set(first_row) == {0} and set(second_row) == {1}
+    alone = SSDDecoder(rows_below=0, heads=RANDOM_HEADS).generate(toy, PROMPTS, SAMPLED, gens(3))
+    assert all(set(depth) == {-1, 0} for depth in alone.extras["block_depth"])
+
+
+def test_the_one_sample_audit_splits_an_ssd_runs_impossible_tokens_into_top_row_and_rows_below(toy):
+    """On the toy with random heads and top-k sampling (so a kept draft can be impossible), the two shares weigh
+    back to the audit's whole count of impossible tokens, every one of which a block committed."""
+    import numpy as np
+
+    from sjd.audit.teacher_forced import audit_images
+
+    top_k = dataclasses.replace(SAMPLED, top_k=8)
+    result = SSDDecoder(rows_below=2, rounds=1, heads=RANDOM_HEADS).generate(toy, PROMPTS, top_k, gens(5))
+    depth = np.array(result.extras["block_depth"])
+    out = audit_images(toy, PROMPTS, result.tokens, range(len(PROMPTS)), top_k, 4, depth)
+    n_top, n_below = int((depth == 0).sum()), int((depth >= 1).sum())
+    assert out["tf_zero_count"] > 0
+    recombined = out["tf_zero_share_top_row"] * n_top + out["tf_zero_share_rows_below"] * n_below
+    assert recombined == pytest.approx(out["tf_zero_count"])
+    assert out["tf_zero_share_top_row"] != pytest.approx(out["tf_zero_share_rows_below"])
