@@ -10,9 +10,10 @@ index of the pages, and the headline table of README.md (between its `<!-- headl
 `<!-- headline:end -->` markers): the part of one study page named by HEADLINE. Figures
 (`study.figure`): window (step compression and speedup against the window), quality (FID and CLIP
 against speedup), pareto (speedup against audit distance and FID), frontier (modelled speedup against the
-one-sample audit's excess nats a token, studies.frontier), accept_hist (tokens committed per forward, one panel
-per decoder). Five study kinds close their page with one section for all their
-commands instead: `regime` (studies.regime_page), `calibration` (the published-ratio
+one-sample audit's excess nats a token, studies.frontier), readings (a frontier, then the table of a run's SSD
+readings, the one nearest the published figure and where their impossible tokens fall, studies.readings_page),
+accept_hist (tokens committed per forward, one panel per decoder). Five study kinds close their page with one
+section for all their commands instead: `regime` (studies.regime_page), `calibration` (the published-ratio
 anchors of each stand-in tried, studies.calibration_page), `goal` (the lossless
 candidates against official SJD and SJD-PAC, studies.goal_page), `drafters` (the
 trained-drafter decoders, studies.drafters_page) and `cost` (the cost model against the published latencies,
@@ -39,6 +40,7 @@ from studies.gpu_check_page import render_gpu_check_page
 from studies.gpu_page import TITLE as GPU_TITLE
 from studies.gpu_page import render_gpu_page
 from studies.overlays import FIGURES, Goal, Study, load_studies
+from studies.readings_page import readings_lines
 from studies.real_size_page import TITLE as REAL_SIZE_TITLE
 from studies.real_size_page import render_real_size_page
 from studies.regime_page import PUBLISHED, regime_section
@@ -54,6 +56,7 @@ TOOL_PAGES = (
     (render_gpu_page, GPU_TITLE),
     (render_gpu_check_page, GPU_CHECK_TITLE),
 )
+FRONTIERS = ("frontier", "readings")  # the figures drawn as a frontier (studies.frontier)
 SECTION_KINDS = ("regime", "calibration", "goal", "drafters", "cost")  # studies that close their page with one section
 # README's headline: (page, command) of the study part it shows.
 HEADLINE = ("toy_schedule", "python run.py experiment=toy_schedule decoder.window=16")
@@ -72,7 +75,7 @@ def draw(figure: str, rows: pd.DataFrame, out: Path) -> Path:
         return figures.quality_vs_speedup(rows, out)
     if figure == "pareto":
         return figures.pareto(others.assign(ar_noise_tv=others["audit_noise_tv"]), out)
-    if figure == "frontier":
+    if figure in FRONTIERS:
         return frontier(rows, out)
     return plots.accept_histograms(rows, out)
 
@@ -93,9 +96,11 @@ def command_part(
         name = f"{page}_{study.experiment}_{i}_{study.figure}.png"
         draw(study.figure, rows, out_dir / name)
         lines += [f"![{study.figure}]({name})", ""]
-        if study.figure == "frontier":
+        if study.figure in FRONTIERS:
             lines += published_lines(rows, pd.read_csv(PUBLISHED))
             lines += powered_lines(rows, powered)
+        if study.figure == "readings":
+            lines += readings_lines(rows, pd.read_csv(PUBLISHED))
     return lines
 
 

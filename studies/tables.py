@@ -170,6 +170,7 @@ def markdown(table: pd.DataFrame) -> str:
     head = "| " + " | ".join(table.columns) + " |"
     text = (
         "decoder",
+        "reading",
         "settings",
         "model",
         "anchor",
