@@ -88,7 +88,7 @@ def nearest_lines(readings: pd.DataFrame, published: pd.DataFrame) -> list[str]:
     value, column, source = found
     kind = "a step compression" if column == "step_compression" else "a speedup over AR, not a step compression"
     lines = [f"The published figure is {value:.2f}x, column `{column}` of results/paper/published.csv: {kind}, for "
-             f"the model its source names, not for this stand-in. Source: {source}."]  # fmt: skip
+             f"the model its source names, not for this stand-in. Source: {source}.", ""]  # fmt: skip
     for measure, label in (("step_compression", "step compression"), ("modelled_speedup", "modelled speedup")):
         given = readings.dropna(subset=[measure])
         if given.empty:
