@@ -22,6 +22,7 @@ chain's first `branch_depth` positions, and `window` the forward's whole width (
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -37,14 +38,77 @@ from sjd.types import FEATURES, ImageLayout
 
 @dataclass
 class HawkState(TreeState):
-    """The tree decoder's row state and each row's vertical speculations: generated position -> the (offset,
-    draft, q) drawn for it, nearest row first."""
+    """The tree decoder's row state and each row's cached speculations: generated position -> the (offset, draft,
+    q) drawn for it, the smallest offset (the latest heads call's) first."""
 
     speculations: list[dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]]] = field(default_factory=list)
 
 
 @dataclass(eq=False, kw_only=True)
-class HawkDecoder(HeadsContinuation, SJDPACDecoder):
+class SpeculationPool:
+    """Part before a tree decoder on SJD-PAC (sjd.decoders.sjd_pac) with draft heads (sjd.decoders.headed): head
+    drafts wait in a per-row cache with the q each was drawn from, and when the chain reaches their position they
+    are its siblings there, each verified with its own q (recursive rejection, `tree_tests` with `sibling_q`).
+    Hawk caches its vertical heads' drafts; sjd.decoders.head_siblings caches every head's."""
+
+    def new_state(self, B: int, layout: ImageLayout, device: torch.device) -> HawkState:
+        state = super().new_state(B, layout, device)
+        return HawkState(**vars(state), speculations=[{} for _ in range(B)])
+
+    @property
+    def siblings_from_q(self) -> bool:
+        return False  # the siblings are cached speculations, counted on the host (`sibling_room`)
+
+    def speculates_at(self, layout: ImageLayout, position: int) -> bool:
+        """Whether a head draft for `position` joins the cache (a rule on positions only, never on drafts)."""
+        return True
+
+    def cache_speculations(
+        self, state: HawkState, call: WindowCall, redraft: Redraft, offsets: Collection[int]
+    ) -> None:
+        """Drop the speculations each row's commit has passed; cache the heads call's drafts at `offsets` (those
+        the decoder speculates with), each at its position with its q."""
+        heads, N = self.load(call.adapter).offsets, call.layout.n_tokens
+        kept = [k for k, d in enumerate(heads) if d in offsets]
+        for b, n in enumerate(state.committed):
+            cache = state.speculations[b]
+            for passed in [m for m in cache if m < n]:
+                del cache[passed]
+            for k in kept:
+                m = n - 1 + int(heads[k])  # the feature predicts n - 1
+                if m < N and self.speculates_at(call.layout, m):
+                    cache.setdefault(m, []).append((int(heads[k]), redraft.drafts[b, k], redraft.q[b, k]))
+                    cache[m].sort(key=lambda entry: entry[0])
+
+    def sibling_room(self, state: HawkState) -> list[list[tuple[bool, int]]]:
+        """Per row, at its first `branch_depth` chain positions: how many speculations wait there (host-side)."""
+        out = []
+        for n, cache in zip(state.committed, state.speculations):
+            out.append([(True, len(cache.get(n + k, ()))) for k in range(self.branch_depth)])
+        return out
+
+    def row_siblings(
+        self,
+        state: HawkState,
+        b: int,
+        d: torch.Tensor,
+        dq: torch.Tensor,
+        counts: list[int],
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The speculations cached at the chain's first positions, each with its own q."""
+        device, K1 = state.tokens.device, self.branches - 1
+        sib = torch.zeros(len(counts), K1, dtype=torch.long, device=device)
+        sib_q = torch.zeros(len(counts), K1, dq.shape[-1], device=device)
+        n = state.committed[b]
+        for k, count in enumerate(counts):
+            for i, (_, draft, q) in enumerate(state.speculations[b].get(n + k, [])[:count]):
+                sib[k, i], sib_q[k, i] = draft, q
+        return sib, sib_q
+
+
+@dataclass(eq=False, kw_only=True)
+class HawkDecoder(SpeculationPool, HeadsContinuation, SJDPACDecoder):
     requires = SJDPACDecoder.requires | {FEATURES}
 
     name: str = "hawk"
@@ -93,37 +157,11 @@ class HawkDecoder(HeadsContinuation, SJDPACDecoder):
                 f"heads.vertical={self.vertical}`"
             )
 
-    # -- state and drafts ------------------------------------------------------------------------------
-    def new_state(self, B: int, layout: ImageLayout, device: torch.device) -> HawkState:
-        state = super().new_state(B, layout, device)
-        return HawkState(**vars(state), speculations=[{} for _ in range(B)])
-
-    @property
-    def siblings_from_q(self) -> bool:
-        return False  # the siblings are cached speculations, counted on the host (`sibling_room`)
-
+    # -- drafts ----------------------------------------------------------------------------------------
     def adopt(self, state: HawkState, call: WindowCall, redraft: Redraft) -> None:
-        """The horizontal drafts replace the chain (HeadsContinuation.adopt); the vertical ones wait in the cache,
-        and speculations the commit has passed are dropped."""
+        """The horizontal drafts replace the chain (HeadsContinuation.adopt); the vertical ones wait in the cache."""
         super().adopt(state, call, redraft)
-        offsets, N = self.load(call.adapter).offsets, call.layout.n_tokens
-        vertical = [k for k, d in enumerate(offsets) if d in self.vertical_offsets(call.layout)]
-        for b, n in enumerate(state.committed):
-            cache = state.speculations[b]
-            for passed in [m for m in cache if m < n]:
-                del cache[passed]
-            for k in vertical:
-                m = n - 1 + int(offsets[k])  # the feature predicts n - 1
-                if m < N:
-                    cache.setdefault(m, []).append((int(offsets[k]), redraft.drafts[b, k], redraft.q[b, k]))
-                    cache[m].sort(key=lambda entry: entry[0])
-
-    def sibling_room(self, state: HawkState) -> list[list[tuple[bool, int]]]:
-        """Per row, at its first `branch_depth` chain positions: how many speculations wait there (host-side)."""
-        out = []
-        for n, cache in zip(state.committed, state.speculations):
-            out.append([(True, len(cache.get(n + k, ()))) for k in range(self.branch_depth)])
-        return out
+        self.cache_speculations(state, call, redraft, self.vertical_offsets(call.layout))
 
     def plan_row(
         self,
@@ -148,22 +186,3 @@ class HawkDecoder(HeadsContinuation, SJDPACDecoder):
         while counts and counts[-1] == 0:
             counts.pop()
         return d, dq, counts
-
-    def row_siblings(
-        self,
-        state: HawkState,
-        b: int,
-        d: torch.Tensor,
-        dq: torch.Tensor,
-        counts: list[int],
-        generator: torch.Generator,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The speculations cached at the chain's first positions, each with its own q."""
-        device, K1 = state.tokens.device, self.branches - 1
-        sib = torch.zeros(len(counts), K1, dtype=torch.long, device=device)
-        sib_q = torch.zeros(len(counts), K1, dq.shape[-1], device=device)
-        n = state.committed[b]
-        for k, count in enumerate(counts):
-            for i, (_, draft, q) in enumerate(state.speculations[b].get(n + k, [])[:count]):
-                sib[k, i], sib_q[k, i] = draft, q
-        return sib, sib_q

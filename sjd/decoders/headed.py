@@ -15,7 +15,9 @@ sjd.decoders.drafted). The micro-model audit and the one-sample audit hold each 
 
 - `sjd_heads`: SJD (sjd.decoders.sjd) with the heads;
 - `csjd_pac_heads`: our SJD-PAC combination (sjd.decoders.sjd_pac), whose siblings at the first carried drafts are
-  then drawn without replacement from a head's q.
+  then drawn without replacement from a head's q; `csjd_pac_heads_missing` the same with `replace: missing`.
+
+`replace: none` leaves every carried draft alone: sjd.decoders.head_siblings uses the heads' drafts as siblings only.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from sjd.drafters.heads import DraftHeads, draw_from_heads, heads_record, heads_
 from sjd.models.base import ModelAdapter
 from sjd.types import FEATURES
 
-REPLACE = ("all", "missing")
+REPLACE = ("all", "missing", "none")
 
 
 @dataclass(eq=False, kw_only=True)
@@ -44,7 +46,9 @@ class HeadsContinuation:
     redrafts = True  # after every commit (sjd.decoders.window)
 
     heads: dict | None = None
-    replace: str = "all"  # all: the heads' drafts replace the carried ones; missing: they only extend them
+    # all: the heads' drafts replace the carried ones; missing: they only extend them; none: they leave the carried
+    # drafts alone (a decoder that uses them otherwise: sjd.decoders.head_siblings's siblings)
+    replace: str = "all"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -121,6 +125,8 @@ class HeadsContinuation:
             if n >= N:
                 continue
             state.head_forwards[b] += 1
+            if self.replace == "none":
+                continue
             carried, carried_q = state.carried[b], state.carried_q[b]
             room = list(state.carried_room[b]) if state.carried_room is not None else None
             for k in sorted(range(len(heads.offsets)), key=lambda k: heads.offsets[k]):

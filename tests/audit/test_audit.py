@@ -60,6 +60,8 @@ def test_the_audit_finds_every_lossless_decoder_config():
         "sjd_drafter",
         "sjd_heads",
         "csjd_pac_heads",
+        "csjd_pac_heads_missing",
+        "csjd_head_siblings",
         "hawk",
     } <= set(FOUND)
     assert not {"gsd", "lantern", "pjd", "zipar", "sjd2"} & set(FOUND)  # lossy, or lossy as configured
