@@ -63,14 +63,16 @@ ADAPTER_METHODS = ("prefill", "forward", "forward_at", "forward_embeds", "trunca
 PIPELINE = ("sampling.py", "logits_to_probs")
 # Work done once a decode, not a step: ForwardClock's start (prefill, first token) and finish (the result), a window
 # decoder's set-up before its loop (a continuation's first drafts, and for SJD-PAC their sibling room), AR's entropy
-# and a window decoder's per-row counts read after it, and a layout's tables, copied to the device once per process
-# (sjd.types.ImageLayout).
+# and a window or tree decoder's per-row counts read after it, and a layout's tables, copied to the device once per
+# process (sjd.types.ImageLayout), as are a static draft tree's.
 ONCE_A_DECODE = (
     ("decoders/base.py", ("start", "finish")),
     ("decoders/window.py", ("start",)),
     ("decoders/ar.py", ("mean_entropy",)),
     ("decoders/window_state.py", ("finish",)),
+    ("decoders/eagle.py", ("finish",)),
     ("sjd/types.py", ("_cached", "allowed_table")),
+    ("drafters/tree.py", ("static_plan",)),  # a static tree shape's tables, made once per device
 )
 SJD_ROOT = Path(__file__).resolve().parents[1]
 MARK = "_would_be_on_device"
@@ -375,7 +377,7 @@ PURPOSES = {
     "base.py check_finite": "the NaN/inf guard on the logits, read at once: the prefill's, and every forward's "
     "in decoders that read no count after each forward",
     "base.py finish": "copies the finished tokens to the host, once a decode",
-    "eagle.py generate": "copies the drafter's forwards per row to the host, once a decode",
+    "eagle.py finish": "copies the drafter's forwards per row to the host, once a decode",
     "window_state.py finish": "copies the drafter's forwards per row to the host, once a decode",
     "ar.py generate": "AR's loop reads the rows' finished state or tokens on the host",
 }

@@ -118,6 +118,12 @@ class EagleDecoder(DrafterPart, Decoder):
                     n_forward[b] += 1
                     done[b] += take
 
+        return self.finish(clock, tokens, n_forward, accepted, run)
+
+    def finish(
+        self, clock: ForwardClock, tokens: torch.Tensor, n_forward: list[int], accepted: list[list[int]], run
+    ) -> DecodeResult:
+        """The decode's result, with the drafter's forwards per row read to the host once, after the loop."""
         result = clock.finish(tokens, n_forward, accepted)
         result.extras["drafter_forwards"] = run.row_forwards.tolist()
         result.extras["window_inputs"] = [(n - 1) * self.total_tokens for n in n_forward]

@@ -73,14 +73,14 @@ class RelaxedSJDDecoder(SJDDecoder):
         table = self._tables.get(adapter)
         if table is None:
             table = neighbour_table(adapter.code_embeddings(), adapter.layout.free_tokens, self.neighbours)
-            self._tables[adapter] = table
+            table = self._tables[adapter] = table.to(adapter.device)  # on the device once, not once a decode
         return table
 
     def new_call(
         self, adapter: ModelAdapter, sampling: SamplingConfig, generators: Sequence[torch.Generator]
     ) -> RelaxedCall:
         call = super().new_call(adapter, sampling, generators)
-        return RelaxedCall(**vars(call), neighbours=self.neighbours_of(adapter).to(adapter.device))
+        return RelaxedCall(**vars(call), neighbours=self.neighbours_of(adapter))
 
     def accept(self, step: WindowStep, accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor) -> VerifyResult:
         p, drafts, q = step.p, step.drafts, step.q
