@@ -74,9 +74,6 @@ def sync_table(
     return table.assign(model=model)
 
 
-KEY = ["decoder", "cache", "kernels", "window", "batch"]
-
-
 def merged_into(table: pd.DataFrame, path: Path) -> pd.DataFrame:
     """`table`'s rows added to the CSV at `path`, replacing its rows with the same decoder, cache, kernels, window
     and batch, so that counts at other windows (Hawk's 13, SSD's 5) join the reference table with their own
@@ -84,6 +81,15 @@ def merged_into(table: pd.DataFrame, path: Path) -> pd.DataFrame:
     if not path.exists():
         return table
     old = pd.read_csv(path)
-    key = lambda t: t[KEY].astype(str).agg("|".join, axis=1)  # noqa: E731
-    both = pd.concat([old[~key(old).isin(set(key(table)))], table], ignore_index=True)
-    return both.sort_values(KEY, kind="stable", key=lambda c: c.astype(str)).reset_index(drop=True)
+    replaced = set(row_keys(table))
+    kept = old[[key not in replaced for key in row_keys(old)]]
+    both = pd.concat([kept, table], ignore_index=True)
+    order = sorted(range(len(both)), key=lambda i: row_keys(both)[i])
+    return both.iloc[order].reset_index(drop=True)
+
+
+def row_keys(table: pd.DataFrame) -> list[tuple]:
+    """Each row's key, the same whether read back from a CSV (a window of 16.0, or none) or just counted (16, None)."""
+    window = pd.to_numeric(table["window"], errors="coerce").fillna(-1.0)
+    return list(zip(table["decoder"].map(str), table["cache"].map(str), table["kernels"].map(str),
+                    window.astype(float), table["batch"].astype(int)))  # fmt: skip
