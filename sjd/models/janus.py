@@ -245,6 +245,9 @@ class JanusAdapter(CausalLMAdapter):
     def code_head(self, hidden: torch.Tensor) -> Logits:
         return self.head(hidden)  # the generation head has the image codes' rows only: nothing to cut
 
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden.to(self.model.dtype))  # a two-layer head over the codes alone: nothing to cut
+
     @torch.no_grad()
     def token_embeddings(self) -> torch.Tensor:
         """The generation embedding of every code through the aligner: what the language model reads."""
