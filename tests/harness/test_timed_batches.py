@@ -24,6 +24,8 @@ FEWER = {
     "python run.py experiment=audit_controls model=standin_lumina_512 prompts=standin prompts.n=4 seeds_per_prompt=1 "
     "batch_size=4 audit.n=4 audit.batch_size=4": "likewise",
     "python run.py experiment=beyond_sjd_pac model=standin_lumina_768_cal prompts.n=8": COST_768,
+    "python run.py experiment=ssd_readings": "its readings are judged on modelled speedup (counted) and the "
+    "one-sample audit, not measured latency; eight prompts keep its eight readings within a shared CPU's time",
     "python run.py experiment=cost_validation": "its page shows modelled figures, whose unit is the prompt, and no "
     "measured latency",
     "python run.py experiment=regime_drafters model=standin_lumina_768_cal decoder.window=16 prompts.n=4": COST_768,
