@@ -73,14 +73,16 @@ def render(engine: pd.DataFrame, syncs: pd.DataFrame | None) -> str:
     if syncs is not None and "cache" in syncs:
         kernels = syncs["kernels"].fillna("eager") if "kernels" in syncs else pd.Series("eager", index=syncs.index)
         eager, compiled = syncs[kernels == "eager"], syncs[kernels == "compiled"]
+        at16 = eager[(eager["window"].isna()) | (eager["window"] == 16)]
+        made_by = ", ".join(f"`{c}`" for c in dict.fromkeys(at16["command"]))  # every command whose rows are shown
+        made_at = ", ".join(f"`{h}`" for h in dict.fromkeys(at16["git_hash"]))
         lines += [
             "## Host syncs per iteration, by cache",
             "",
-            f"From `results/syncs.csv` ({eager['command'].iloc[0]}, git `{eager['git_hash'].iloc[0]}`): syncs per "
-            "iteration of the decode loop in the decoder and in the model forward, at window 16.",
+            f"From `results/syncs.csv` ({made_by}, git {made_at}): syncs per iteration of the decode loop in the "
+            "decoder and in the model forward, at window 16.",
             "",
         ]
-        at16 = eager[(eager["window"].isna()) | (eager["window"] == 16)]
         wide = at16.pivot_table(index=["decoder", "batch"], columns="cache",
                                 values=["decoder_syncs_per_iter", "forward_syncs_per_iter"])  # fmt: skip
         wide.columns = [f"{what.replace('_syncs_per_iter', '')} ({cache})" for what, cache in wide.columns]
