@@ -253,6 +253,17 @@ class SJDPACDecoder(Coupled, SJDDecoder):
         d, dq = self.top_up(state, b, n_chain, layout, generator)
         return d, dq, [min(K - 1, room[k][1]) for k in range(depth)]
 
+    def plan_rows(self, state: WindowState, cached: list[int], widths: list[int], call: WindowCall) -> list[tuple]:
+        """Per row: (lead-in length, chain drafts, their q, siblings, sibling counts per chain draft, the
+        siblings' own q or None)."""
+        rows = []
+        for b, room in enumerate(self.sibling_room(state)):
+            lead = state.committed[b] - cached[b] if widths[b] else 0
+            d, dq, counts = self.plan_row(state, b, lead, widths[b], call.layout, call.generators[b], room)
+            sib, sib_q = self.row_siblings(state, b, d, dq, counts, call.generators[b])
+            rows.append((lead, d, dq, sib, counts, sib_q))
+        return rows
+
     def build_window(
         self,
         state: WindowState,
@@ -261,17 +272,9 @@ class SJDPACDecoder(Coupled, SJDDecoder):
         call: WindowCall,
     ) -> TreeWindow:
         """[lead-in: committed tokens to (re)write][chain drafts][siblings], per row."""
-        layout, generators = call.layout, call.generators
-        B, V, device = len(widths), layout.vocab_size, state.tokens.device
+        B, V, device = len(widths), call.layout.vocab_size, state.tokens.device
         K1, D = self.branches - 1, self.branch_depth
-        rows = []
-        for b, room in enumerate(self.sibling_room(state)):
-            n = state.committed[b]
-            lead = n - cached[b] if widths[b] else 0
-            d, dq, counts = self.plan_row(state, b, lead, widths[b], layout, generators[b], room)
-            sib, sib_q = self.row_siblings(state, b, d, dq, counts, generators[b])
-            rows.append((lead, d, dq, sib, counts, sib_q))
-
+        rows = self.plan_rows(state, cached, widths, call)
         W = max(1, max(lead + len(d) + sum(counts) for lead, d, _, _, counts, _ in rows))
         C = max(len(d) for _, d, _, _, _, _ in rows)
         tokens = torch.zeros(B, W, dtype=torch.long, device=device)

@@ -70,6 +70,21 @@ def noisy_loss(model: NoiseAwareLM, batch: torch.Tensor, levels: torch.Tensor, g
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
 
+@torch.no_grad()
+def heldout_losses(
+    model: NoiseAwareLM, vocab: ToyVocab, data_seed: int, s: ToyFineTuneSettings
+) -> tuple[list[float], list[float]]:
+    """The model's loss on four held-out batches, clean and with noisy segments (the model is left in eval mode)."""
+    model.eval()
+    held = [make_batch(vocab, data_seed, HELDOUT_INDEX + i, 64, 0.0) for i in range(4)]
+    clean = [noisy_loss(model, b, torch.zeros(b.shape[0], b.shape[1] - 1, dtype=torch.long), None).item() for b in held]
+    noisy = [
+        noisy_loss(model, b, *noise_plan(b, s.seed, HELDOUT_INDEX + i, s.max_segment, 0.0)).item()
+        for i, b in enumerate(held)
+    ]
+    return clean, noisy
+
+
 def finetune_toy(settings: ToyFineTuneSettings, base: Path, out: Path) -> dict:
     """Fine-tune the toy checkpoint at `base` from `settings`, print its progress and held-out losses, write it to
     `out`; returns what its config.json keeps besides the architecture. Sets torch's thread count; the global RNG
@@ -102,16 +117,7 @@ def finetune_toy(settings: ToyFineTuneSettings, base: Path, out: Path) -> dict:
             if step % 50 == 0 or step == s.steps - 1:
                 print(f"step {step:5d}  loss {running:.4f}  {time.time() - start:7.1f}s", flush=True)
 
-    model.eval()
-    with torch.no_grad():
-        held = [make_batch(vocab, data_seed, HELDOUT_INDEX + i, 64, 0.0) for i in range(4)]
-        clean = [
-            noisy_loss(model, b, torch.zeros(b.shape[0], b.shape[1] - 1, dtype=torch.long), None).item() for b in held
-        ]
-        noisy = [
-            noisy_loss(model, b, *noise_plan(b, s.seed, HELDOUT_INDEX + i, s.max_segment, 0.0)).item()
-            for i, b in enumerate(held)
-        ]
+    clean, noisy = heldout_losses(model, vocab, data_seed, s)
     meta = {
         "base": str(base.relative_to(ROOT)) if base.is_relative_to(ROOT) else str(base),
         "train": {
