@@ -17,8 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from sjd.harness.config import register_resolvers
-from sjd.harness.distributed import rank_info
-from sjd.harness.runner import run
+from sjd.harness.ranks import rank_info
 
 register_resolvers()
 
@@ -27,6 +26,9 @@ register_resolvers()
 def main(cfg: DictConfig) -> None:
     if rank_info().distributed and HydraConfig.get().mode == RunMode.MULTIRUN:
         raise ValueError("--multirun under torchrun is not supported: run one torchrun job per sweep point")
+    # Imported once Hydra has composed the config: a mistyped group or key fails in a second, not after torch
+    from sjd.harness.runner import run
+
     run(cfg, HydraConfig.get().runtime.output_dir)
 
 

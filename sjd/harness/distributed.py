@@ -16,49 +16,17 @@ torchrun a rank that raises also exits non-zero, and torchrun then stops the oth
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
+from sjd.harness.ranks import RankInfo
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-
-def rank_info(environ: Mapping[str, str] = os.environ) -> RankInfo:
-    """This process's rank, from the variables torchrun sets; one process when WORLD_SIZE is unset."""
-    if "WORLD_SIZE" not in environ:
-        return RankInfo()
-    try:
-        world_size = int(environ["WORLD_SIZE"])
-        rank = int(environ["RANK"])
-        local_rank = int(environ.get("LOCAL_RANK", rank))
-    except KeyError as e:
-        raise ValueError(f"WORLD_SIZE is set but {e.args[0]} is not: start data-parallel runs with torchrun") from None
-    except ValueError as e:
-        raise ValueError(f"RANK/WORLD_SIZE/LOCAL_RANK must be integers ({e})") from None
-    if world_size < 1 or not 0 <= rank < world_size or local_rank < 0:
-        raise ValueError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size} do not describe a rank")
-    return RankInfo(rank, world_size, local_rank)
 
 
 def shard(items: Sequence[T], info: RankInfo) -> list[T]:

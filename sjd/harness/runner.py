@@ -46,7 +46,7 @@ from sjd.decoders.base import Decoder, device_sync
 from sjd.harness import contention
 from sjd.harness.config_check import check_run_config
 from sjd.harness.decoder_configs import settle_named_rows
-from sjd.harness.distributed import DataParallel, rank_info, shard
+from sjd.harness.distributed import DataParallel, shard
 from sjd.harness.engine_watch import EngineWatch
 from sjd.harness.plots import accept_histograms
 from sjd.harness.prompts import PromptSet, load_prompt_set, resolve_path
@@ -57,6 +57,7 @@ from sjd.harness.provenance import (
     run_command,
     versions,
 )
+from sjd.harness.ranks import rank_info
 from sjd.harness.results import (
     SampleKey,
     SampleRecord,

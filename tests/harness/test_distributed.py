@@ -14,7 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sjd.harness.distributed import DataParallel, RankInfo, rank_info, shard
+from sjd.harness.distributed import DataParallel, shard
+from sjd.harness.ranks import RankInfo, rank_info
 from sjd.harness.results import merge_samples, shard_file
 
 ROOT = Path(__file__).resolve().parents[2]
