@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from sjd.core.drafts import DISTRIBUTION_SCHEMES, SCHEMES, distribution_drafts, fresh_drafts, one_hot
-from sjd.core.staging import device_ints
+from sjd.core.staging import device_ints, to_device
 from sjd.core.verify import VerifyResult
 from sjd.decoders.base import WINDOW_CAPABILITY
 from sjd.decoders.window import WindowDecoder, WindowStep
@@ -69,20 +69,17 @@ class SJDDecoder(WindowDecoder):
 
     # -- phases --------------------------------------------------------------------------------------
     def draft(self, step: WindowStep) -> None:
-        """Window inputs [B, W] = [last committed, drafts...], drafts [B, W-1] and their q."""
+        """Window inputs [B, W] = [last committed, drafts...], drafts [B, W-1] and their q: planned row by row
+        (each from its own generator), laid out for the batch at once."""
         state, widths, layout, generators = step.state, step.widths, step.call.layout, step.call.generators
-        B, W, V, device = len(widths), max(widths), layout.vocab_size, state.tokens.device
-        drafts = torch.zeros(B, W - 1, dtype=torch.long, device=device)
-        q = torch.zeros(B, W - 1, V, device=device)
-        inputs = torch.zeros(B, W, dtype=torch.long, device=device)
-        for b in range(B):
-            n, need = state.committed[b], max(widths[b] - 1, 0)
-            d, dq = self.top_up(state, b, need, layout, generators[b])
-            drafts[b, :need], q[b, :need] = d, dq
-            inputs[b, 0] = state.tokens[b, min(n, layout.n_tokens) - 1]
-            inputs[b, 1 : 1 + need] = d
-        step.inputs, step.drafts, step.q = inputs, drafts, q
-        step.n_drafts = device_ints([max(w - 1, 0) for w in widths], device)
+        device = state.tokens.device
+        needs = [max(w - 1, 0) for w in widths]
+        planned = [self.top_up(state, b, need, layout, generators[b]) for b, need in enumerate(needs)]
+        drafts = torch.nn.utils.rnn.pad_sequence([d for d, _ in planned], batch_first=True)
+        last = to_device(torch.tensor([min(n, layout.n_tokens) - 1 for n in state.committed])[:, None], device)
+        step.inputs = torch.cat([state.tokens.gather(1, last), drafts], 1)
+        step.drafts, step.q = drafts, torch.nn.utils.rnn.pad_sequence([dq for _, dq in planned], batch_first=True)
+        step.n_drafts = device_ints(needs, device)
 
     def top_up(
         self, state: WindowState, b: int, need: int, layout: ImageLayout, generator: torch.Generator
@@ -90,18 +87,19 @@ class SJDDecoder(WindowDecoder):
         """Row b's carried drafts for its next `need` positions, topped up with fresh ones, and their q."""
         n = state.committed[b]
         d, dq = state.carried[b][:need], state.carried_q[b][:need]
-        if len(d) == need:
+        carried = d.shape[0]
+        if carried == need:
             return d, dq
         # Spatial schemes read the row's current tokens; random needs none (keep the hot path light).
         known = d if self.init == "random" else torch.cat([state.tokens[b, :n], d])
-        start, count = n + len(d), need - len(d)
+        start, count = n + carried, need - carried
         if self.init in DISTRIBUTION_SCHEMES:
             noise = state.noise[b] if state.noise is not None else None  # Gumbel coupling's vectors
             new, new_q = distribution_drafts(
                 known, start, count, layout, generator, n, state.committed_p[b], noise, self.forced_drafts
             )
         else:
-            left = dq[-1] if len(d) else state.last_p[b]  # what position start - 1 was drawn from
+            left = dq[-1] if carried else state.last_p[b]  # what position start - 1 was drawn from
             new = fresh_drafts(self.init, known, start, count, layout, generator, left, self.forced_drafts)
             new_q = one_hot(new, layout.vocab_size)
         return torch.cat([d, new]), torch.cat([dq, new_q])

@@ -271,53 +271,81 @@ class SJDPACDecoder(Coupled, SJDDecoder):
         widths: list[int],
         call: WindowCall,
     ) -> TreeWindow:
-        """[lead-in: committed tokens to (re)write][chain drafts][siblings], per row."""
-        B, V, device = len(widths), call.layout.vocab_size, state.tokens.device
-        K1, D = self.branches - 1, self.branch_depth
+        """[lead-in: committed tokens to (re)write][chain drafts][siblings], per row: planned row by row (host
+        integers and each row's own draws), laid out for the batch at once."""
         rows = self.plan_rows(state, cached, widths, call)
-        W = max(1, max(lead + len(d) + sum(counts) for lead, d, _, _, counts, _ in rows))
-        C = max(len(d) for _, d, _, _, _, _ in rows)
-        tokens = torch.zeros(B, W, dtype=torch.long, device=device)
-        positions = torch.full((B, W), -1, dtype=torch.long)
-        mask = torch.zeros(B, W, W, dtype=torch.bool)
-        transient = torch.zeros(B, W, dtype=torch.bool)
-        chain_slot = torch.zeros(B, C + 1, dtype=torch.long)
-        drafts = torch.zeros(B, C, dtype=torch.long, device=device)
-        q = torch.zeros(B, C, V, device=device)
-        siblings = torch.zeros(B, D, K1, dtype=torch.long, device=device)
-        sibling_slot = torch.zeros(B, D, K1, dtype=torch.long)
-        has_sibling = torch.zeros(B, D, K1, dtype=torch.bool)
-        own_q = any(sib_q is not None for *_, sib_q in rows)
-        sibling_q = torch.zeros(B, D, K1, V, device=device) if own_q else None
-        for b, (lead, d, dq, sib, counts, sib_q) in enumerate(rows):
-            n, c = state.committed[b], len(d)
-            line = lead + c  # lead-in and chain: one causal run
-            tokens[b, :lead] = state.tokens[b, n - lead : n]
-            tokens[b, lead:line] = d
-            positions[b, :line] = torch.arange(n - lead, n + c)
-            mask[b, :line, :line] = torch.ones(line, line, dtype=torch.bool).tril()
-            chain_slot[b, : c + 1] = torch.arange(lead - 1, line) if lead else 0
-            drafts[b, :c], q[b, :c] = d, dq
-            slot = line
-            slots = [(k, i) for k, count in enumerate(counts) for i in range(count)]
-            for k, i in slots:  # sibling i of chain draft k: sees the chain before it
-                tokens[b, slot], positions[b, slot] = sib[k, i], n + k
-                mask[b, slot, : lead + k] = True
-                transient[b, slot] = True
-                siblings[b, k, i], sibling_slot[b, k, i], has_sibling[b, k, i] = sib[k, i], slot, True
-                if sib_q is not None:
-                    sibling_q[b, k, i] = sib_q[k, i]
-                slot += 1
-        lengths = [len(d) for _, d, *_ in rows]
-        n_drafts = device_ints(lengths, device)
-        # The layout was built on the host; it goes over in non-blocking copies (sjd.core.staging), no sync.
-        positions, mask, transient, chain_slot, sibling_slot, has_sibling = (
-            to_device(t, device) for t in (positions, mask, transient, chain_slot, sibling_slot, has_sibling)
+        lead = torch.tensor([row[0] for row in rows])
+        lengths = [row[1].shape[0] for row in rows]
+        line = lead + torch.tensor(lengths)  # lead-in and chain: one causal run
+        n = torch.tensor(state.committed)
+        W = max(1, int((line + torch.tensor([sum(row[4]) for row in rows])).max()))
+        slot = torch.arange(W)[None]
+        in_line = slot < line[:, None]
+        positions = torch.where(in_line, (n - lead)[:, None] + slot, -1)
+        mask = in_line[:, :, None] & in_line[:, None, :] & (slot[:, None, :] <= slot[:, :, None])
+        step = torch.arange(max(lengths) + 1)[None]
+        first = lead[:, None] - 1  # the slot before the first chain draft: the lead-in's last (0 without one)
+        chain_slot = torch.where((step <= line[:, None] - lead[:, None]) & (first >= 0), first + step, 0)
+        drafts = torch.nn.utils.rnn.pad_sequence([row[1] for row in rows], batch_first=True)
+        q = torch.nn.utils.rnn.pad_sequence([row[2] for row in rows], batch_first=True)
+        tokens = self.window_tokens(state, drafts, lead, line, n, W)
+        D, K1, B = self.branch_depth, self.branches - 1, len(rows)
+        siblings = torch.zeros(B, D, K1, dtype=torch.long, device=tokens.device)
+        sibling_slot, has_sibling = torch.zeros(B, D, K1, dtype=torch.long), torch.zeros(B, D, K1, dtype=torch.bool)
+        n_drafts, transient = device_ints(lengths, tokens.device), torch.zeros_like(in_line)
+        window = TreeWindow(tokens, positions, mask, transient, chain_slot, drafts, q, n_drafts, lengths, siblings,
+                            sibling_slot, has_sibling)  # fmt: skip
+        return self.place_siblings(window, rows, n, lead, line)
+
+    @staticmethod
+    def window_tokens(
+        state: WindowState, drafts: torch.Tensor, lead: torch.Tensor, line: torch.Tensor, n: torch.Tensor, W: int
+    ) -> torch.Tensor:
+        """[B, W]: each row's lead-in (its committed tokens from n - lead) and chain drafts, 0 after them (the
+        siblings are placed later); gathered on the device with indices laid out on the host."""
+        device, slot = state.tokens.device, torch.arange(W)[None]
+        from_lead, from_chain = slot < lead[:, None], (slot >= lead[:, None]) & (slot < line[:, None])
+        lead_index = ((n - lead)[:, None] + slot).clamp(0, state.tokens.shape[1] - 1)
+        padded = torch.cat([drafts, torch.zeros(len(drafts), 1, dtype=drafts.dtype, device=device)], 1)
+        chain_index = (slot - lead[:, None]).clamp(0, padded.shape[1] - 1)
+        lead_tokens = state.tokens.gather(1, to_device(lead_index, device))
+        chain_tokens = padded.gather(1, to_device(chain_index, device))
+        zero = torch.zeros((), dtype=drafts.dtype, device=device)
+        return torch.where(to_device(from_lead, device), lead_tokens,
+                           torch.where(to_device(from_chain, device), chain_tokens, zero))  # fmt: skip
+
+    def place_siblings(self, win: TreeWindow, rows: list[tuple], n: torch.Tensor, lead: torch.Tensor,
+                       line: torch.Tensor) -> TreeWindow:  # fmt: skip
+        """Sibling i of chain draft k of row b after the row's chain: at position n + k, seeing the chain before
+        it; written for the batch in one indexed write a table. The host tables then go over in non-blocking
+        copies (sjd.core.staging), no sync."""
+        device, V, K1 = win.tokens.device, win.q.shape[-1], self.branches - 1
+        entries = []  # (row, slot, chain draft, sibling)
+        for b, row in enumerate(rows):
+            pairs = [(k, i) for k, count in enumerate(row[4]) for i in range(count)]
+            entries += [(b, int(line[b]) + j, k, i) for j, (k, i) in enumerate(pairs)]
+        own_q = any(row[5] is not None for row in rows)
+        if own_q:
+            win.sibling_q = torch.zeros(len(rows), self.branch_depth, K1, V, device=device)
+        if entries:
+            b, at, k, i = (torch.tensor(column) for column in zip(*entries))
+            sib = torch.nn.utils.rnn.pad_sequence([row[3] for row in rows], batch_first=True)
+            bd, kd, id_ = (to_device(t, device) for t in (b, k, i))
+            win.tokens[bd, to_device(at, device)] = sib[bd, kd, id_]
+            win.siblings[bd, kd, id_] = sib[bd, kd, id_]
+            win.positions[b, at] = n[b] + k
+            win.mask[b, at] = torch.arange(win.mask.shape[2])[None] < (lead[b] + k)[:, None]
+            win.transient[b, at] = True
+            win.sibling_slot[b, k, i], win.has_sibling[b, k, i] = at, True
+            if own_q:
+                shape = (0, K1, V)
+                sib_q = [row[5] if row[5] is not None else torch.zeros(shape, device=device) for row in rows]
+                win.sibling_q[bd, kd, id_] = torch.nn.utils.rnn.pad_sequence(sib_q, batch_first=True)[bd, kd, id_]
+        win.positions, win.mask, win.transient, win.chain_slot, win.sibling_slot, win.has_sibling = (
+            to_device(t, device)
+            for t in (win.positions, win.mask, win.transient, win.chain_slot, win.sibling_slot, win.has_sibling)
         )
-        return TreeWindow(
-            tokens, positions, mask, transient, chain_slot, drafts, q, n_drafts, lengths, siblings, sibling_slot,
-            has_sibling, sibling_q=sibling_q,
-        )  # fmt: skip
+        return win
 
     def row_siblings(
         self,
@@ -486,23 +514,24 @@ def bonus_after_sibling(
 def draw_tree_uniforms(
     generators: Sequence[torch.Generator], n_drafts: list[int], C: int, K1: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
-    """Per row from its own generator, sized by its own window only (batch independence)."""
-    B = len(generators)
-    out = {
-        "accept": torch.zeros(B, C, device=device),
-        "jacobi": torch.zeros(B, C + 1, device=device),
-        "sibling": torch.zeros(B, K1, device=device),
-        "final": torch.zeros(B, device=device),
-        "bonus": torch.zeros(B, device=device),
-        "bonus_accept": torch.zeros(B, device=device),
+    """Per row from its own generator, sized by its own window only (batch independence): one draw of
+    [accept: c][jacobi: c + 1][sibling: K1][final, bonus, bonus_accept], laid out for the batch in a few gathers."""
+    draws = [torch.rand(2 * c + 1 + K1 + 3, generator=g, device=device) for g, c in zip(generators, n_drafts)]
+    u = torch.nn.utils.rnn.pad_sequence(draws, batch_first=True)  # [B, longest draw]
+    c = torch.tensor(n_drafts)[:, None]
+    j = torch.arange(C + 1)[None]
+
+    def take(index: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        index, present = to_device(index.clamp(max=u.shape[1] - 1), device), to_device(present, device)
+        return torch.where(present, u.gather(1, index), 0.0)
+
+    ends = 2 * c + 1 + K1 + torch.arange(3)[None]
+    return {
+        "accept": take((j[:, :C]).expand(len(draws), -1), j[:, :C] < c),
+        "jacobi": take(c + j, j <= c),
+        "sibling": take(2 * c + 1 + torch.arange(K1)[None], torch.ones(len(draws), K1, dtype=torch.bool)),
+        **dict(zip(("final", "bonus", "bonus_accept"), take(ends, ends >= 0).unbind(1))),
     }
-    for b, (g, c) in enumerate(zip(generators, n_drafts)):
-        u = torch.rand(2 * c + 1 + K1 + 3, generator=g, device=device)
-        out["accept"][b, :c] = u[:c]
-        out["jacobi"][b, : c + 1] = u[c : 2 * c + 1]
-        out["sibling"][b] = u[2 * c + 1 : 2 * c + 1 + K1]
-        out["final"][b], out["bonus"][b], out["bonus_accept"][b] = u[-3], u[-2], u[-1]
-    return out
 
 
 def draw_siblings(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sjd.core.staging import to_device
 from sjd.core.verify import VerifyResult
 from sjd.decoders.base import DecodeResult, ForwardClock
 
@@ -82,12 +83,10 @@ class WindowState:
         samples_q = p if samples_q is None else samples_q
         if n_accepted is None:
             n_accepted = self.read_counts(result.n_accepted)
-        for b, n_acc in enumerate(n_accepted):
-            if widths[b] == 0:
-                continue
-            n = self.committed[b]
-            self.tokens[b, n : n + n_acc] = drafts[b, :n_acc]
-            self.remember_p(b, n, p[b, : n_acc + 1])  # the accepted drafts' and the next token's p
+        live = [b for b, width in enumerate(widths) if width]
+        self.write_accepted(live, n_accepted, drafts, p)
+        for b in live:
+            n, n_acc = self.committed[b], n_accepted[b]
             if end_row is None:
                 take = self.end_with_next_token(b, n, n_acc, result.next_token[b], p[b, n_acc])
             else:
@@ -99,6 +98,32 @@ class WindowState:
             self.accepted[b].append(take)
             self.n_forward[b] += 1
             self.inputs[b] += widths[b]
+
+    def write_accepted(self, live: list[int], n_accepted: list[int], drafts: torch.Tensor, p: torch.Tensor) -> None:
+        """Each live row's accepted drafts into its tokens, and their p and the next token's into `committed_p`
+        (what `remember_p` keeps, row by row), in one indexed write each for the batch."""
+        rows, columns, sources = [], [], []
+        for b in live:
+            n, n_acc = self.committed[b], n_accepted[b]
+            rows += [b] * n_acc
+            columns += range(n, n + n_acc)
+            sources += range(n_acc)
+        if rows:
+            r, j = to_device(torch.tensor(rows), drafts.device), to_device(torch.tensor(sources), drafts.device)
+            self.tokens[r, to_device(torch.tensor(columns), drafts.device)] = drafts[r, j]
+        if self.committed_p is None:
+            return
+        K = self.committed_p.shape[1]
+        rows, slots, sources = [], [], []
+        for b in live:
+            n, end = self.committed[b], self.committed[b] + n_accepted[b] + 1
+            first = max(n, end - K)  # only the last K can still be needed
+            rows += [b] * (end - first)
+            slots += [pos % K for pos in range(first, end)]
+            sources += range(first - n, end - n)
+        device = self.committed_p.device
+        r, j = to_device(torch.tensor(rows), device), to_device(torch.tensor(sources), device)
+        self.committed_p[r, to_device(torch.tensor(slots), device)] = p[r, j]
 
     def finish(self, clock: ForwardClock) -> DecodeResult:
         """The call's result, with each row's window inputs in its extras."""
@@ -139,8 +164,8 @@ def draw_uniforms(
     """Per row, `widths[b]` uniforms for acceptance (+ the residual/bonus draw) and as many for
     the Jacobi samples, padded to W. Each row draws only what its own window needs, so its
     random stream, and hence its tokens, do not depend on the other rows of the batch."""
-    u = torch.zeros(len(widths), 2, W, device=device)
-    for b, (g, w) in enumerate(zip(generators, widths)):
-        if w:
-            u[b, :, :w] = torch.rand(2, w, generator=g, device=device)
-    return u[:, 0], u[:, 1]
+    empty = torch.zeros(0, 2, device=device)
+    draws = [torch.rand(2, w, generator=g, device=device).T if w else empty for g, w in zip(generators, widths)]
+    u = torch.nn.utils.rnn.pad_sequence(draws, batch_first=True)  # [B, max width, 2]
+    u = torch.nn.functional.pad(u, (0, 0, 0, W - u.shape[1])).permute(2, 0, 1).contiguous()
+    return u[0], u[1]
