@@ -149,8 +149,8 @@ class WindowDecoder(WindowSettings, Decoder):
         state.tokens[:, 0] = call.clock.start(prompts, call.sampling, call.generators)
         call.clock.defer_finite_check = True  # commit reads the accepted lengths and the NaN/inf flags in one copy
         state.read_counts = call.clock.read
-        for b in range(len(prompts)):  # where position 0 is a code (LlamaGen), the row below may draw from its p
-            state.remember_p(b, 0, call.clock.first_p[b : b + 1])
+        if state.committed_p is not None:  # where position 0 is a code (LlamaGen), the row below may draw from its p
+            state.committed_p[:, 0] = call.clock.first_p  # remember_p at position 0, for every row
         self.begin(state, call)
         return state
 
