@@ -160,12 +160,19 @@ def test_default_config_is_toy_sjd_against_ar(compose_cfg):
 
 @pytest.mark.parametrize("group, name", [("model", "nosuchmodel"), ("decoder", "nosuchdecoder")])
 def test_unknown_names_list_the_options(group, name):
+    """...before anything heavy is imported: run.py imports the runner (torch, the models) once Hydra has composed
+    the config (`-X importtime` lists every module the process imported)."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "run.py"), f"{group}={name}"], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-X", "importtime", str(ROOT / "run.py"), f"{group}={name}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert proc.returncode != 0
     assert f"Could not find '{group}/{name}'" in proc.stderr
     assert "Available options" in proc.stderr and ("toy" in proc.stderr or "sjd" in proc.stderr)
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "hydra" in imported and not {"torch", "transformers", "sjd.harness.runner"} & imported
 
 
 @pytest.mark.slow
