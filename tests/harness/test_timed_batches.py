@@ -24,6 +24,9 @@ FEWER = {
     "python run.py experiment=audit_controls model=standin_lumina_512 prompts=standin prompts.n=4 seeds_per_prompt=1 "
     "batch_size=4 audit.n=4 audit.batch_size=4": "likewise",
     "python run.py experiment=beyond_sjd_pac model=standin_lumina_768_cal prompts.n=8": COST_768,
+    "python run.py experiment=heads_siblings model=standin_lumina_768_cal prompts.n=8 "
+    "+model.heads=sjd/assets/spatial_heads_standin_lumina_768_cal": "decided on modelled latency, whose unit is the "
+    "prompt, as its 512 px run is; eight prompts, as beyond_sjd_pac's 768 px run",
     "python run.py experiment=ssd_readings": "its readings are judged on modelled speedup (counted) and the "
     "one-sample audit, not measured latency; eight prompts keep its eight readings within a shared CPU's time",
     "python run.py experiment=cost_validation": "its page shows modelled figures, whose unit is the prompt, and no "
