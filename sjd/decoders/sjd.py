@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from sjd.core.drafts import DISTRIBUTION_SCHEMES, SCHEMES, distribution_drafts, fresh_drafts, one_hot
-from sjd.core.staging import device_ints, to_device
+from sjd.core.staging import device_ints
 from sjd.core.verify import VerifyResult
 from sjd.decoders.base import WINDOW_CAPABILITY
 from sjd.decoders.window import WindowDecoder, WindowStep
@@ -76,7 +76,7 @@ class SJDDecoder(WindowDecoder):
         needs = [max(w - 1, 0) for w in widths]
         planned = [self.top_up(state, b, need, layout, generators[b]) for b, need in enumerate(needs)]
         drafts = torch.nn.utils.rnn.pad_sequence([d for d, _ in planned], batch_first=True)
-        last = to_device(torch.tensor([min(n, layout.n_tokens) - 1 for n in state.committed])[:, None], device)
+        last = device_ints([min(n, layout.n_tokens) - 1 for n in state.committed], device)[:, None]
         step.inputs = torch.cat([state.tokens.gather(1, last), drafts], 1)
         step.drafts, step.q = drafts, torch.nn.utils.rnn.pad_sequence([dq for _, dq in planned], batch_first=True)
         step.n_drafts = device_ints(needs, device)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sjd.core.staging import to_device
+from sjd.core.staging import device_ints
 from sjd.core.verify import VerifyResult
 from sjd.decoders.base import DecodeResult, ForwardClock
 
@@ -109,8 +109,8 @@ class WindowState:
             columns += range(n, n + n_acc)
             sources += range(n_acc)
         if rows:
-            r, j = to_device(torch.tensor(rows), drafts.device), to_device(torch.tensor(sources), drafts.device)
-            self.tokens[r, to_device(torch.tensor(columns), drafts.device)] = drafts[r, j]
+            r, j, c = (device_ints(values, drafts.device) for values in (rows, sources, columns))
+            self.tokens[r, c] = drafts[r, j]
         if self.committed_p is None:
             return
         K = self.committed_p.shape[1]
@@ -121,9 +121,8 @@ class WindowState:
             rows += [b] * (end - first)
             slots += [pos % K for pos in range(first, end)]
             sources += range(first - n, end - n)
-        device = self.committed_p.device
-        r, j = to_device(torch.tensor(rows), device), to_device(torch.tensor(sources), device)
-        self.committed_p[r, to_device(torch.tensor(slots), device)] = p[r, j]
+        r, j, k = (device_ints(values, self.committed_p.device) for values in (rows, sources, slots))
+        self.committed_p[r, k] = p[r, j]
 
     def finish(self, clock: ForwardClock) -> DecodeResult:
         """The call's result, with each row's window inputs in its extras."""
