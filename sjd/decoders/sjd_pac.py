@@ -274,11 +274,12 @@ class SJDPACDecoder(Coupled, SJDDecoder):
         """[lead-in: committed tokens to (re)write][chain drafts][siblings], per row: planned row by row (host
         integers and each row's own draws), laid out for the batch at once."""
         rows = self.plan_rows(state, cached, widths, call)
-        lead = torch.tensor([row[0] for row in rows])
         lengths = [row[1].shape[0] for row in rows]
+        W = max(1, max(row[0] + c + sum(row[4]) for row, c in zip(rows, lengths)))
+        # The layout's tables are built on the host from host integers (no device value is read) and go over in
+        # non-blocking copies (sjd.core.staging.to_device), as the per-row layout always did.
+        lead, n = torch.tensor([row[0] for row in rows]), torch.tensor(state.committed)
         line = lead + torch.tensor(lengths)  # lead-in and chain: one causal run
-        n = torch.tensor(state.committed)
-        W = max(1, int((line + torch.tensor([sum(row[4]) for row in rows])).max()))
         slot = torch.arange(W)[None]
         in_line = slot < line[:, None]
         positions = torch.where(in_line, (n - lead)[:, None] + slot, -1)
