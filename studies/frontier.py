@@ -70,14 +70,34 @@ def frontier(rows: pd.DataFrame, out: Path) -> Path:
     return out
 
 
+def run_codes(row: pd.Series) -> str:
+    """A run's image layout as published.csv's `image_codes` writes it (48x48), from the codes its baseline's row
+    audited an image (tf_n_tokens over tf_n_images, a square grid: AR audits every code, where a decoder may leave
+    out impossible tokens); empty where the row audited none."""
+    images, tokens = float(row.get("tf_n_images", np.nan)), float(row.get("tf_n_tokens", np.nan))
+    if not (np.isfinite(images) and np.isfinite(tokens)) or images <= 0:
+        return ""
+    side = round((tokens / images) ** 0.5)
+    return f"{side}x{side}"
+
+
+def other_layout(baseline: pd.Series, pub: pd.Series) -> bool:
+    """Whether a published figure states a layout (`image_codes`) that the run's differs from: a decoder that works
+    rows at once gains more on more rows, so a figure is read only against a run at its own layout."""
+    theirs = pub.get("image_codes")
+    return isinstance(theirs, str) and bool(theirs) and run_codes(baseline) != theirs
+
+
 BAND = 0.15  # a modelled speedup agrees with a published one when its interval lies within 15% of it
 
 
 def published_lines(rows: pd.DataFrame, published: pd.DataFrame) -> list[str]:
     """Each decoder of the run that a published row on its model names (results/paper/published.csv, `method`; the
     published `model` is part of the run's, as lumina of standin_lumina_512_cal): its modelled speedup over AR
-    beside the published latency speedup, with a verdict decided by the interval."""
+    beside the published latency speedup, with a verdict decided by the interval; a figure published at another
+    layout than the run's (other_layout) is named, not compared."""
     lines = []
+    baseline = rows[rows["decoder"] == rows["baseline"].iloc[0]].iloc[-1]
     for _, row in rows[rows["decoder"] != rows["baseline"].iloc[0]].iterrows():
         model = str(row.get("model", ""))
         same_model = published["model"].astype(str).map(model.__contains__)  # lumina: standin_lumina_*
@@ -86,6 +106,13 @@ def published_lines(rows: pd.DataFrame, published: pd.DataFrame) -> list[str]:
             continue
         for _, pub in theirs.iterrows():
             target = float(pub["latency_speedup"])
+            if other_layout(baseline, pub):
+                lines.append(
+                    f"- `{row['decoder']}`: modelled {row['modelled_speedup']:.2f}x AR; the published {target:.2f}x "
+                    f"({pub['source']}; table `{pub['table']}`) is at {pub['image_codes']} codes and this run at "
+                    f"{run_codes(baseline)}: another layout, not compared."
+                )
+                continue
             ours = [float(row.get(c, np.nan)) / target for c in ("modelled_speedup", "modelled_speedup_lo",
                                                                  "modelled_speedup_hi")]  # fmt: skip
             if not all(np.isfinite(ours)):

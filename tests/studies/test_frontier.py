@@ -83,3 +83,26 @@ def test_a_frontier_names_the_audit_with_power_of_each_lossless_decoder_with_its
     configs["hawk"]["vertical"] = 0
     changed = rows.assign(decoder_configs=json.dumps(configs))
     assert "`hawk`" not in "\n".join(powered_lines(changed, powered))
+
+
+def test_a_figure_published_at_another_layout_is_named_not_compared():
+    """Hawk's 1.71x is at 48 x 48 codes (published.csv's image_codes): a 32 x 32 run (1024 codes an AR image) is
+    not read against it, a 48 x 48 one is; AR's row sets the layout, since a decoder may audit fewer codes."""
+    at_48 = PUBLISHED.assign(image_codes="48x48")
+    small = run_rows(9.0, 11.0).assign(tf_n_images=16, tf_n_tokens=[16384, 16384, 14695])
+    lines = published_lines(small, at_48)
+    assert any("is at 48x48 codes and this run at 32x32: another layout, not compared" in line for line in lines)
+    assert not any("agree" in line for line in lines)
+    large = run_rows(9.0, 11.0).assign(tf_n_images=8, tf_n_tokens=[18432, 18432, 18083])
+    assert any("agrees within 15%" in line for line in published_lines(large, at_48))
+
+
+def test_the_spatial_heads_page_reads_hawk_only_at_its_published_layout():
+    """The spatial heads page's 512 px run names Hawk's 768 px figure without a verdict; its 768 px run judges it."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "results" / "spatial_heads.md").read_text()
+    hawk = [line for line in text.splitlines() if line.startswith("- `hawk`: modelled")]
+    assert len(hawk) == 2
+    assert "another layout, not compared" in hawk[0] and "agree" not in hawk[0]
+    assert "agree" in hawk[1]
