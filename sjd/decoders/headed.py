@@ -77,7 +77,8 @@ class HeadsContinuation:
         heads = self.load(call.adapter)
         state.head_forwards, state.heads = [0] * len(state.committed), len(heads.offsets)
         features = call.clock.prefill_features.hidden[:, -1]  # the prompt's last slot predicts position 0
-        redraft = self.draw_heads(call, features, device_ints(state.committed, features.device) - 1)
+        predicts = device_ints(state.committed, features.device) - 1
+        redraft = self.draw_heads(call, features, predicts, self.read_tokens(heads, state.tokens, predicts))
         self.read_room(state, redraft)
         self.adopt(state, call, redraft)
 
@@ -96,22 +97,37 @@ class HeadsContinuation:
     def draw_redraft(
         self, step: WindowStep, committed: torch.Tensor, previous: torch.Tensor, tokens: torch.Tensor | None
     ) -> Redraft:
-        """One heads call on the feature that predicted each row's last committed token (the heads read no
-        `tokens`)."""
+        """One heads call on the feature that predicted each row's last committed token (and, for token-aware heads,
+        that token: from `tokens` [B, A] at previous, previous + 1, ... where the commit gives them before writing
+        them, else from the state, written)."""
         last = (committed - previous - 1).clamp(min=0, max=step.slots.shape[1] - 1)  # the last committed token's
         slot = step.slots.gather(1, last[:, None])[:, 0]  # ... input-before slot, whose feature predicts it
         hidden = step.logits.features.hidden
         copies = hidden.shape[0] // len(committed)
         rows = torch.arange(hidden.shape[0], device=hidden.device)
-        return self.draw_heads(step.call, hidden[rows, slot.repeat(copies)], committed - 1)
+        heads = self.load(step.call.adapter)
+        if tokens is None:
+            read = self.read_tokens(heads, step.state.tokens, committed - 1)
+        else:
+            read = tokens.gather(1, last[:, None])[:, 0] if heads.config.tokens else None
+        return self.draw_heads(step.call, hidden[rows, slot.repeat(copies)], committed - 1, read)
 
-    def draw_heads(self, call: WindowCall, features: torch.Tensor, predicts: torch.Tensor) -> Redraft:
-        """One heads call on `features` [R, H], each row's predicting its position `predicts` [B]: a draft at each
-        of the heads' offsets after it, and its q."""
+    @staticmethod
+    def read_tokens(heads: DraftHeads, tokens: torch.Tensor, at: torch.Tensor) -> torch.Tensor | None:
+        """Each row's committed token at `at` [B] from `tokens` [B, N], for token-aware heads only (no op else)."""
+        if not heads.config.tokens:
+            return None
+        return tokens.gather(1, at.clamp(min=0)[:, None])[:, 0]
+
+    def draw_heads(
+        self, call: WindowCall, features: torch.Tensor, predicts: torch.Tensor, tokens: torch.Tensor | None = None
+    ) -> Redraft:
+        """One heads call on `features` [R, H], each row's predicting its position `predicts` [B] (whose committed
+        token `tokens` [B] token-aware heads read): a draft at each of the heads' offsets after it, and its q."""
         heads = self.load(call.adapter)
         code_head = self.heads["head"] == "codes"
         _, drafts, q = draw_from_heads(
-            heads, call.adapter, call.sampling, features, predicts, call.generators, code_head
+            heads, call.adapter, call.sampling, features, predicts, call.generators, code_head, tokens
         )
         call.clock.lap("drafter")
         return Redraft(drafts, q)

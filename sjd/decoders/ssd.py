@@ -128,6 +128,12 @@ class SSDDecoder(PJDDecoder):
                 f"decoder {self.name!r} needs an end-of-line token after every image row; model {adapter.name!r} "
                 f"has rows of {layout.row_stride} tokens for {layout.width} codes"
             )
+        if self.load(adapter).config.tokens:
+            raise ValueError(
+                f"decoder {self.name!r} chains its heads on their own predicted features, which have no token to "
+                f"read; `{HEADS_KEY}`={self.heads['weights']} are token-aware heads: use heads trained without "
+                "heads.tokens"
+            )
         missing = [d for d in self.needed_offsets(layout) if d not in self.load(adapter).offsets]
         if missing:
             raise ValueError(

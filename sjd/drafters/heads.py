@@ -13,9 +13,19 @@ own next token), head j drafts position t + offsets[j]: offsets 1, 2, ... draft 
 Hawk's and Medusa's heads), an offset of the row's width drafts the code below (vertical, Hawk's and SSD's).
 W_j starts at zero, so an untrained head repeats the target's next-token distribution one position further on.
 
-A heads directory holds `heads.json` (the hidden size, the offsets, the target it was trained on and, for our
-recipe, the training record) and `heads.safetensors`; `decoder.heads.weights` names one, or `random` /
-`random:SEED` for seeded random heads (tests, random models). Exactness never depends on the heads: every draft is
+Token-aware heads (`tokens: true` in heads.json) also read the token their feature predicts, as EAGLE's drafter reads
+the sampled token beside the feature: with e the target's own (frozen) embedding of that token,
+
+    h_j = f + W_j silu(U_j f + T_j e + b_j).
+
+The feature after the final norm has not seen the token it predicts; at draft time that token is committed (the
+heads draft after the last committed token, from the feature that predicted it), so q still depends only on
+committed tokens.
+
+A heads directory holds `heads.json` (the hidden size, the offsets, whether they read tokens, the target it was
+trained on and, for our recipe, the training record) and `heads.safetensors`; `decoder.heads.weights` names one, or
+`random` / `random:SEED` for seeded random heads (tests, random models), `random_tokens` / `random_tokens:SEED` for
+seeded random token-aware ones. Exactness never depends on the heads: every draft is
 a sample of the q it is recorded with, and q depends only on the committed tokens' features.
 """
 
@@ -39,6 +49,7 @@ HEADS_KEY = "decoder.heads.weights"
 CONFIG_FILE = "heads.json"
 WEIGHTS_FILE = "heads.safetensors"
 DEFAULT_OFFSETS = (1, 2, 3, 4)
+RANDOM_TOKENS = "random_tokens"  # `random_tokens` / `random_tokens:SEED`: seeded random token-aware heads
 _LOADED: dict[tuple, tuple[weakref.ref, DraftHeads]] = {}
 
 
@@ -46,17 +57,21 @@ _LOADED: dict[tuple, tuple[weakref.ref, DraftHeads]] = {}
 class HeadsConfig:
     hidden_size: int
     offsets: tuple[int, ...]  # head j drafts offsets[j] positions after the one the feature predicts
+    tokens: bool = False  # each head also reads the embedding of the token its feature predicts
 
     def __post_init__(self) -> None:
         if not self.offsets or any(int(d) < 1 for d in self.offsets) or len(set(self.offsets)) != len(self.offsets):
             raise ValueError(f"heads offsets must be distinct integers >= 1, got {list(self.offsets)}")
 
     def to_dict(self) -> dict:
-        return {"hidden_size": self.hidden_size, "offsets": list(self.offsets)}
+        # `tokens` only where set: the heads.json of heads that read none is what it was before token-aware heads
+        out = {"hidden_size": self.hidden_size, "offsets": list(self.offsets)}
+        return {**out, "tokens": True} if self.tokens else out
 
 
 class DraftHeads(nn.Module):
-    """One residual block per offset, batched: features [..., H] -> predicted features [..., K, H]."""
+    """One residual block per offset, batched: features [..., H] (and, for token-aware heads, the embeddings [..., H]
+    of the tokens they predict) -> predicted features [..., K, H]."""
 
     def __init__(self, config: HeadsConfig) -> None:
         super().__init__()
@@ -66,31 +81,54 @@ class DraftHeads(nn.Module):
         self.bias = nn.Parameter(torch.zeros(K, H))
         self.down = nn.Parameter(torch.zeros(K, H, H))
         nn.init.normal_(self.up, std=H**-0.5)
+        if config.tokens:  # drawn after `up`, so the feature-only part starts as a feature-only head's does
+            self.token_up = nn.Parameter(torch.empty(K, H, H))
+            nn.init.normal_(self.token_up, std=H**-0.5)
 
     @property
     def offsets(self) -> tuple[int, ...]:
         return self.config.offsets
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        inner = nn.functional.silu(torch.einsum("...h,khj->...kj", features, self.up) + self.bias)
+    def forward(self, features: torch.Tensor, embeddings: torch.Tensor | None = None) -> torch.Tensor:
+        inner = torch.einsum("...h,khj->...kj", features, self.up) + self.bias
+        if self.config.tokens:
+            if embeddings is None:
+                raise ValueError("token-aware heads (heads.json `tokens`) need the embeddings of the tokens their "
+                                 "features predict")  # fmt: skip
+            inner = inner + torch.einsum("...h,khj->...kj", embeddings, self.token_up)
+        inner = nn.functional.silu(inner)
         return features.unsqueeze(-2) + torch.einsum("...kj,kjh->...kh", inner, self.down)
 
     def one(self, features: torch.Tensor, offset: int) -> torch.Tensor:
         """The head at `offset` alone: features [..., H] -> the predicted features `offset` positions on
-        [..., H]. Applied to its own output it predicts further on (SSD's chained latent prediction)."""
+        [..., H]. Applied to its own output it predicts further on (SSD's chained latent prediction), so only heads
+        that read features alone have it."""
+        if self.config.tokens:
+            raise ValueError("token-aware heads read the predicted token beside the feature: a chained prediction "
+                             "(SSD's) has no token to give them; use heads trained without heads.tokens")  # fmt: skip
         k = self.offsets.index(offset)
         inner = nn.functional.silu(features @ self.up[k] + self.bias[k])
         return features + inner @ self.down[k]
 
 
-def random_heads(hidden_size: int, offsets: Sequence[int], seed: int) -> DraftHeads:
+def random_heads(hidden_size: int, offsets: Sequence[int], seed: int, tokens: bool = False) -> DraftHeads:
     """Seeded heads whose residuals are not zero, so each head's q differs from the target's next-token one."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        heads = DraftHeads(HeadsConfig(hidden_size, tuple(offsets)))
+        heads = DraftHeads(HeadsConfig(hidden_size, tuple(offsets), tokens))
         with torch.no_grad():
             heads.down.normal_(std=hidden_size**-0.5)
     return heads
+
+
+def random_spec(weights: str) -> tuple[int, bool] | None:
+    """(seed, reads tokens) of `random[:SEED]` or `random_tokens[:SEED]`; None for a directory."""
+    name = str(weights)
+    if name == RANDOM_TOKENS or name.startswith(RANDOM_TOKENS + ":"):
+        seed = random_seed("random" + name[len(RANDOM_TOKENS) :])
+        return seed, True
+    seed = random_seed(name)
+    return None if seed is None else (seed, False)
 
 
 def check_heads_setting(weights: str | None, decoder: str) -> None:
@@ -100,7 +138,7 @@ def check_heads_setting(weights: str | None, decoder: str) -> None:
             f"decoder {decoder!r} needs draft heads: set `{HEADS_KEY}` to a heads directory ({CONFIG_FILE} and "
             f"{WEIGHTS_FILE}, from `python scripts/train_heads.py model=NAME`), or `random` for untrained ones"
         )
-    if random_seed(str(weights)) is not None:
+    if random_spec(str(weights)) is not None:
         return
     path = resolve(str(weights))
     missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (path / f).is_file()]
@@ -132,16 +170,19 @@ def read_heads_config(weights: str) -> dict:
 
 
 def heads_record(weights: str) -> dict:
-    """What a run records of its heads: the seed of random ones, else the directory's heads.json."""
-    seed = random_seed(str(weights))
-    return {"random_seed": seed} if seed is not None else read_heads_config(weights)
+    """What a run records of its heads: the seed of random ones (and `tokens` for token-aware ones), else the
+    directory's heads.json."""
+    spec = random_spec(str(weights))
+    if spec is None:
+        return read_heads_config(weights)
+    return {"random_seed": spec[0], "tokens": True} if spec[1] else {"random_seed": spec[0]}
 
 
 def build_heads(adapter: ModelAdapter, weights: str, random_offsets: Sequence[int] = DEFAULT_OFFSETS) -> DraftHeads:
     hidden = int(adapter.architecture()["hidden_size"])
-    seed = random_seed(str(weights))
-    if seed is not None:
-        heads = random_heads(hidden, random_offsets, seed)
+    spec = random_spec(str(weights))
+    if spec is not None:
+        heads = random_heads(hidden, random_offsets, *spec)
     else:
         config = read_heads_config(weights)
         where = resolve(str(weights))
@@ -157,7 +198,8 @@ def build_heads(adapter: ModelAdapter, weights: str, random_offsets: Sequence[in
             )
         from safetensors.torch import load_file
 
-        heads = DraftHeads(HeadsConfig(hidden, tuple(int(d) for d in config["offsets"])))
+        offsets = tuple(int(d) for d in config["offsets"])
+        heads = DraftHeads(HeadsConfig(hidden, offsets, bool(config.get("tokens", False))))
         heads.load_state_dict(load_file(str(where / WEIGHTS_FILE)))
     dtype = adapter.token_embeddings().dtype
     return heads.to(device=adapter.device, dtype=dtype if dtype.is_floating_point else torch.float32).eval()
@@ -199,16 +241,25 @@ def draw_from_heads(
     predicts: torch.Tensor,
     generators: Sequence[torch.Generator],
     code_head: bool = False,
+    tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One heads call. `features` [R, H] are the target's features of every CFG row (conditional rows, then
     unconditional), row b's predicting generated position `predicts` [B]. Returns the generated positions the
     heads draft, `predicts + offsets` [B, K], one draft of each (row b's from its own generator) and the q it was
     drawn from ([B, K], [B, K, V]); a position past the image gets q = 0. `code_head`: through the image codes'
-    rows of the LM head only (ModelAdapter.code_head; the same q)."""
+    rows of the LM head only (ModelAdapter.code_head; the same q). `tokens` [B]: the committed token at each row's
+    `predicts`, which token-aware heads read (every CFG row of an image the same one)."""
     N = adapter.layout.n_tokens
     offsets = device_ints(heads.offsets, predicts.device)
     positions = predicts[:, None] + offsets[None, :]
-    predicted = heads(features.to(heads.up.dtype))  # [R, K, H]
+    dtype = heads.up.dtype
+    embeddings = None
+    if heads.config.tokens:
+        if tokens is None:
+            raise ValueError("token-aware heads need the token at each row's predicted position; none was given")
+        copies = features.shape[0] // len(tokens)
+        embeddings = adapter.token_embeddings()[tokens].to(dtype).repeat(copies, 1)  # [R, H]
+    predicted = heads(features.to(dtype), embeddings)  # [R, K, H]
     logits = (adapter.code_head if code_head else adapter.head)(predicted)
     q = logits_to_probs(logits, positions.clamp(max=N - 1), adapter.layout, sampling)
     q = q * (positions < N)[..., None]

@@ -75,6 +75,22 @@ def row_pairs(row: Row, offsets: tuple[int, ...], picks: torch.Tensor | None) ->
     return f[j], f[ahead]
 
 
+def row_tokens(row: Row, picks: torch.Tensor | None) -> torch.Tensor:
+    """The token each input f_j predicts, id_{j+1} [M]: what token-aware heads read beside f_j (row_pairs' j)."""
+    first, last = row.prompt_len - 1, len(row.features) - 1
+    j = torch.arange(first, last + 1) if picks is None else first + picks
+    return row.ids[j + 1]
+
+
+def embedded(heads: DraftHeads, embed: torch.Tensor | None, rows: list[Row], picks) -> torch.Tensor | None:
+    """[copies, M, H] embeddings of the tokens the rows' inputs predict, for token-aware heads (None else)."""
+    if not heads.config.tokens:
+        return None
+    if embed is None:
+        raise ValueError("token-aware heads train on the target's token embeddings; none were given")
+    return torch.stack([embed[row_tokens(row, picks).to(embed.device)] for row in rows]).to(heads.up.dtype)
+
+
 def row_mask(row: Row, offsets: tuple[int, ...], picks: torch.Tensor | None) -> torch.Tensor:
     first, last = row.prompt_len - 1, len(row.features) - 1
     j = torch.arange(first, last + 1) if picks is None else first + picks
@@ -88,13 +104,13 @@ def guided(logits: torch.Tensor, scale: float) -> torch.Tensor:
 
 def heads_loss(
     heads: DraftHeads, head: Callable[[torch.Tensor], torch.Tensor], images: list[list[Row]], step: int,
-    settings: HeadsTrainSettings, codes: slice | torch.Tensor = slice(None),
+    settings: HeadsTrainSettings, codes: slice | torch.Tensor = slice(None), embed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:  # fmt: skip
     """SmoothL1 to every row's future features, plus reject_weight x the rejection chance 1 - sum_x min(p, q), with
     p and q the CFG mixes (at `cfg_scale`) of the target's head on the true and on the predicted features: what the
     pipeline makes of both at decode time, over the image codes `codes` (the grammar's free ids: the pipeline gives
     every other id nothing at a code's position), the sampling filters aside. An image's rows share their
-    positions."""
+    positions. `embed`: the target's token embeddings [V, H], which token-aware heads read."""
     gen = torch.Generator().manual_seed(seed_of(settings, step, 2))
     device = heads.up.device
     regression, rejection, agree, n_rows, n_positions = 0.0, 0.0, 0.0, 0, 0
@@ -105,7 +121,7 @@ def heads_loss(
         x = torch.stack([p[0] for p in pairs]).to(device)  # [copies, M, H]
         y = torch.stack([p[1] for p in pairs]).to(device)  # [copies, M, K, H]
         mask = row_mask(rows[0], heads.offsets, picks).to(device)  # [M, K]
-        predicted = heads(x)  # [copies, M, K, H]
+        predicted = heads(x, embedded(heads, embed, rows, picks))  # [copies, M, K, H]
         keep = mask.float()
         per_row = F.smooth_l1_loss(predicted, y, reduction="none").mean(-1)  # [copies, M, K]
         regression = regression + (per_row * keep).sum() / keep.sum() * len(rows)
@@ -136,8 +152,10 @@ def train_heads(
     settings: HeadsTrainSettings,
     on_step: Callable[[int, dict], None] = lambda step, log: None,
     codes: slice | torch.Tensor = slice(None),
+    embed: torch.Tensor | None = None,
 ) -> list[dict]:
-    """AdamW at a cosine-decayed lr over `epochs` passes; returns one log entry per epoch."""
+    """AdamW at a cosine-decayed lr over `epochs` passes; returns one log entry per epoch. `embed`: the target's
+    token embeddings [V, H], for token-aware heads."""
     per_epoch = math.ceil(len(data) / settings.batch_size)
     total = per_epoch * settings.epochs
     opt = torch.optim.AdamW(heads.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
@@ -145,7 +163,7 @@ def train_heads(
     for step in range(total):
         for group in opt.param_groups:
             group["lr"] = settings.lr * 0.5 * (1 + math.cos(math.pi * step / total))
-        loss, log = heads_loss(heads, head, step_images(data, step, settings), step, settings, codes)
+        loss, log = heads_loss(heads, head, step_images(data, step, settings), step, settings, codes, embed)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -163,6 +181,7 @@ def acceptance(heads: DraftHeads, adapter: ModelAdapter, sampling: SamplingConfi
     """Per head (in offset order), the mean of sum_x min(p, q) over every generated position of `data`'s images
     whose target position is in the image (module docstring)."""
     K = len(heads.offsets)
+    embed = adapter.token_embeddings() if heads.config.tokens else None
     totals, counts = torch.zeros(K), torch.zeros(K)
     for rows in data.images:
         inputs, targets = zip(*(row_pairs(row, heads.offsets, None) for row in rows))
@@ -172,7 +191,7 @@ def acceptance(heads: DraftHeads, adapter: ModelAdapter, sampling: SamplingConfi
         y = torch.stack(targets).to(device)  # [copies, M, K, H]
         M = x.shape[1]
         positions = (torch.arange(M)[:, None] + torch.as_tensor(heads.offsets)[None, :]).clamp(max=M - 1)
-        predicted = heads(x.to(heads.up.dtype))  # [copies, M, K, H]
+        predicted = heads(x.to(heads.up.dtype), embedded(heads, embed, rows, None))  # [copies, M, K, H]
         q = pipeline(adapter, sampling, predicted.flatten(1, 2), positions.flatten()[None])
         p = pipeline(adapter, sampling, y.flatten(1, 2), positions.flatten()[None])
         overlap = torch.minimum(p, q).sum(-1).view(M, K).cpu()

@@ -53,12 +53,13 @@ def drafter_twin(adapter: ShadowedAdapter) -> DrafterNet:
     return twins["drafter"]
 
 
-def heads_twin(adapter: ShadowedAdapter, offsets: tuple[int, ...]) -> DraftHeads:
-    """Heads at the shadow's hidden size with these offsets, random, on its device and in its dtype."""
+def heads_twin(adapter: ShadowedAdapter, offsets: tuple[int, ...], tokens: bool = False) -> DraftHeads:
+    """Heads at the shadow's hidden size with these offsets (reading tokens where the heads do), random, on its
+    device and in its dtype."""
     twins = _TWINS.setdefault(adapter, {})
-    key = ("heads", offsets)
+    key = ("heads", offsets, tokens)
     if key not in twins:
-        heads = random_heads(shadow_width(adapter), offsets, TWIN_SEED)
+        heads = random_heads(shadow_width(adapter), offsets, TWIN_SEED, tokens)
         twins[key] = heads.to(device=adapter.shadow.device, dtype=shadow_dtype(adapter.shadow)).eval()
     return twins[key]
 
@@ -104,7 +105,8 @@ class ShadowedDraftHeads(DraftHeads):
     """The heads, each call also run by their twin (see the module docstring)."""
 
     def beside(self, adapter: ShadowedAdapter) -> ShadowedDraftHeads:
-        self._beside = {"adapter": adapter, "twin": heads_twin(adapter, self.offsets), "zeros": {}}
+        twin = heads_twin(adapter, self.offsets, self.config.tokens)
+        self._beside = {"adapter": adapter, "twin": twin, "zeros": {}}
         return self
 
     def _twin_input(self, features: torch.Tensor) -> torch.Tensor:
@@ -115,11 +117,11 @@ class ShadowedDraftHeads(DraftHeads):
             zeros[shape] = torch.zeros(*shape, twin.config.hidden_size, dtype=twin.up.dtype, device=features.device)
         return zeros[shape]
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, embeddings: torch.Tensor | None = None) -> torch.Tensor:
         with self._beside["adapter"].set_aside():
-            out = super().forward(features)
+            out = super().forward(features, embeddings)
             twin_in = self._twin_input(features)
-        self._beside["twin"](twin_in)
+        self._beside["twin"](twin_in, twin_in if self.config.tokens else None)
         return out
 
     def one(self, features: torch.Tensor, offset: int) -> torch.Tensor:
@@ -143,7 +145,7 @@ def heads_beside_shadow(heads: DraftHeads, adapter: object) -> DraftHeads:
     """`heads` themselves, or on a shadowed model a copy whose calls their twin also runs."""
     if not isinstance(adapter, ShadowedAdapter):
         return heads
-    copy = ShadowedDraftHeads(HeadsConfig(heads.config.hidden_size, heads.offsets))
+    copy = ShadowedDraftHeads(HeadsConfig(heads.config.hidden_size, heads.offsets, heads.config.tokens))
     copy = copy.to(device=heads.up.device, dtype=heads.up.dtype)
     copy.load_state_dict(heads.state_dict())
     return copy.eval().beside(adapter)

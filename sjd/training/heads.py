@@ -45,11 +45,21 @@ def recipe_arguments(cfg: DictConfig) -> dict:
     return {
         "model": {k: model[k] for k in ("name", "adapter", "sampling")},
         "data": data,
-        "heads": {"horizontal": int(cfg.heads.horizontal), "vertical": int(cfg.heads.vertical)},
+        "heads": heads_arguments(cfg.heads),
         "train": HeadsTrainSettings.from_dict(OmegaConf.to_container(cfg.train, resolve=True)).to_dict(),
         "measure_images": int(cfg.measure_images),
         "threads": int(cfg.threads),
     }
+
+
+def heads_arguments(heads: DictConfig) -> dict:
+    """The heads' shape: horizontal and vertical offsets, and `tokens` only where set (the recipe of heads that
+    read no token hashes as before token-aware heads existed, so shipped records still match)."""
+    out = {"horizontal": int(heads.horizontal), "vertical": int(heads.vertical)}
+    tokens = heads.get("tokens", False)
+    if not isinstance(tokens, bool):
+        raise ValueError(f"heads.tokens must be true or false, got {tokens!r}")
+    return {**out, "tokens": True} if tokens else out
 
 
 def offsets_of(heads: dict, row_stride: int) -> tuple[int, ...]:
@@ -88,12 +98,14 @@ def build(cfg: DictConfig, overrides: list[str]) -> dict:
     settings = HeadsTrainSettings(**args["train"])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
-        heads = DraftHeads(HeadsConfig(int(adapter.architecture()["hidden_size"]), offsets)).to(adapter.device)
+        shape = HeadsConfig(int(adapter.architecture()["hidden_size"]), offsets, args["heads"].get("tokens", False))
+        heads = DraftHeads(shape).to(adapter.device)
     head = primed_head(adapter, prompts, args)
     untrained = acceptance(heads, adapter, sampling_of(args), measure)
     bar = progress_bar(train, settings, bool(cfg.progress))
     codes = adapter.layout.free_columns(adapter.device)
-    history = train_heads(heads, head, train, settings, on_step=bar, codes=codes)
+    embed = adapter.token_embeddings().detach() if heads.config.tokens else None
+    history = train_heads(heads, head, train, settings, on_step=bar, codes=codes, embed=embed)
     trained = acceptance(heads, adapter, sampling_of(args), measure)
     shown = ", ".join(f"+{d}: {a:.3f} (untrained {u:.3f})" for d, a, u in zip(offsets, trained, untrained))
     print(f"acceptance per offset (sum min(p, q) on held-out images): {shown}")

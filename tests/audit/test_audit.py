@@ -43,6 +43,8 @@ SETTINGS = {
     "sjd2-1step": ["model=micro_sjd2", "decoder=sjd2", "decoder.denoise_steps=1"],
     # the drafter drafting one position inside a window of 4: its draft mixes with the carried coupled drafts
     "csjd_pac_drafter-c1": ["decoder=csjd_pac_drafter_c1"],
+    # head-drafted siblings from token-aware heads: the heads also read the committed token their feature predicts
+    "csjd_head_siblings-token-heads": ["decoder=csjd_head_siblings", "decoder.heads.weights=random_tokens"],
 }
 
 

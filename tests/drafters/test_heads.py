@@ -122,19 +122,21 @@ def test_a_heads_call_drafts_from_the_pipelines_q_each_row_from_its_own_generato
     assert torch.equal(alone[1][0, :2], drafts[1, :2])
 
 
-def test_the_recipe_lowers_its_loss_raises_acceptance_and_reruns_bit_for_bit(micro, data):
+@pytest.mark.parametrize("tokens", [False, True], ids=["features", "token-aware"])
+def test_the_recipe_lowers_its_loss_raises_acceptance_and_reruns_bit_for_bit(micro, data, tokens):
     settings = HeadsTrainSettings(epochs=6, lr=3e-2, batch_size=2, positions=8, cfg_scale=SAMPLING.cfg_scale)
     micro.prefill(PROMPTS[:1], with_uncond=True)
     head = target_head(micro)
+    embed = micro.token_embeddings() if tokens else None
     runs = []
     for _ in range(2):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            heads = DraftHeads(HeadsConfig(hidden_size(micro), (1, 2)))
+            heads = DraftHeads(HeadsConfig(hidden_size(micro), (1, 2), tokens))
         before = acceptance(heads, micro, SAMPLING, data)
-        first, _ = heads_loss(heads, head, step_images(data, 0, settings), 0, settings)
-        history = train_heads(heads, head, data, settings)
-        last, _ = heads_loss(heads, head, step_images(data, 0, settings), 0, settings)
+        first, _ = heads_loss(heads, head, step_images(data, 0, settings), 0, settings, embed=embed)
+        history = train_heads(heads, head, data, settings, embed=embed)
+        last, _ = heads_loss(heads, head, step_images(data, 0, settings), 0, settings, embed=embed)
         runs.append((heads, before, acceptance(heads, micro, SAMPLING, data), first.item(), last.item(), history))
     (heads, before, after, first, last, history), (again, *_) = runs
     assert last < first and len(history) == 6
@@ -158,6 +160,12 @@ def test_the_documented_training_command_writes_heads_that_a_run_decodes_with(tm
     assert set(record["measured"]["acceptance"]) == {"1", "2", "3", "4"} and len(record["weights_sha"]) == 64
     again = subprocess.run(train, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert "nothing to do" in again.stdout
+    tokens = [*train[:3], f"out={tmp_path / 'token_heads'}", *train[4:], "heads.tokens=true"]
+    done = subprocess.run(tokens, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    token_record = json.loads((tmp_path / "token_heads" / "heads.json").read_text())
+    assert token_record["tokens"] is True and token_record["recipe"]["heads"]["tokens"] is True
+    assert "tokens" not in record and "tokens" not in record["recipe"]["heads"]  # as before token-aware heads
     decode = [sys.executable, str(ROOT / "run.py"), "model=micro", "decoder=sjd_heads", "decoder.window=4",
               f"decoder.heads.weights={out}", "prompts.n=2", "results_csv=null", "logger=csv", "save_images=false",
               f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
@@ -187,3 +195,63 @@ def test_every_shipped_heads_directory_is_its_models_and_matches_its_record(name
     assert f"out=sjd/assets/{name}" in record["overrides"]
     measured = record["measured"]["acceptance"]
     assert set(measured) == {str(d) for d in record["offsets"]} and all(0 < a <= 1 for a in measured.values())
+
+
+def test_token_aware_heads_start_as_the_feature_read_the_token_and_refuse_to_chain(micro):
+    """Untrained (W_j = 0) token-aware heads repeat the feature, as feature-only heads do; trained ones move with
+    the token they are given; without one they refuse, and SSD's chained prediction (`one`) has none to give."""
+    H = hidden_size(micro)
+    features = torch.randn(5, H, generator=torch.Generator().manual_seed(0))
+    embed = micro.token_embeddings()
+    fresh = DraftHeads(HeadsConfig(H, (1, 2), tokens=True))
+    assert torch.equal(fresh(features, embed[[5, 6, 7, 5, 6]]), features[:, None].expand(-1, 2, -1))
+    heads = random_heads(H, (1, 2), seed=1, tokens=True)
+    one, other = heads(features, embed[[5] * 5]), heads(features, embed[[6] * 5])
+    assert not torch.allclose(one, other)
+    with pytest.raises(ValueError, match="need the embeddings of the tokens"):
+        heads(features)
+    with pytest.raises(ValueError, match="no token to give them"):
+        heads.one(features, 1)
+
+
+def test_token_aware_heads_save_and_load_with_their_flag_and_ssd_refuses_them_naming_the_key(micro, tmp_path):
+    from sjd.decoders.ssd import SSDDecoder
+
+    heads = random_heads(hidden_size(micro), (1, 2), seed=3, tokens=True)
+    save_heads(heads, tmp_path / "h", {"target": {"name": micro.name}})
+    assert json.loads((tmp_path / "h" / "heads.json").read_text())["tokens"] is True
+    loaded = build_heads(micro, str(tmp_path / "h"))
+    assert loaded.config.tokens and set(loaded.state_dict()) == set(heads.state_dict())
+    assert "tokens" not in random_heads(4, (1,), seed=0).config.to_dict()  # feature-only heads.json as before
+    with pytest.raises(ValueError, match=r"token-aware heads: use heads trained without heads\.tokens"):
+        SSDDecoder(heads={"weights": "random_tokens"}, context=1).check(micro)
+
+
+@pytest.mark.parametrize("decoder", ["sjd_heads", "csjd_head_siblings"])
+def test_token_aware_heads_read_the_committed_token_at_the_position_their_feature_predicts(micro, decoder, monkeypatch):
+    """Every heads call gives token-aware heads, for each row it drafts inside the image for, the token the decode
+    finally holds at the position the feature predicts: a committed token (SJD's heads draw after the commit, from
+    the state; SJD-PAC's commit draws them before writing, from what it is about to write). A finished row's draws
+    (every position past the image, q = 0) are never used."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    import sjd.decoders.headed as headed
+    from sjd.harness.decoder_configs import decoder_config
+
+    calls = []
+
+    def spy(heads, adapter, sampling, features, predicts, generators, code_head=False, tokens=None):
+        calls.append((predicts.clone(), tokens.clone()))
+        return draw_from_heads(heads, adapter, sampling, features, predicts, generators, code_head, tokens)
+
+    monkeypatch.setattr(headed, "draw_from_heads", spy)
+    cfg = OmegaConf.merge(decoder_config(decoder), {"window": 4, "heads": {"weights": "random_tokens"}})
+    prompts = PROMPTS[:4]
+    generators = make_generators(0, [p.prompt_id for p in prompts], micro.device)
+    out = instantiate(cfg).generate(micro, prompts, SAMPLING, generators)
+    assert len(calls) > 2
+    for predicts, tokens in calls:
+        inside = (predicts >= 0) & (predicts < out.tokens.shape[1] - 1)
+        rows = torch.arange(len(predicts))[inside]
+        assert torch.equal(tokens[inside], out.tokens[rows, predicts[inside]])
