@@ -30,6 +30,7 @@ import pandas as pd
 
 from sjd.core.cost import drafter_price as architecture_price
 from studies import cost_page, regime
+from studies.budget_search import budget_section
 from studies.calibration_page import (
     OURS,
     band_verdict,
@@ -382,4 +383,6 @@ def drafters_section(
         if any(rows is c for c in confirmations):
             continue
         lines += run_part(rows, published, confirmations, goal, powered)
+    if goal.calibrated:
+        lines += budget_section()
     return lines

@@ -39,12 +39,15 @@ from studies.gpu_check_page import TITLE as GPU_CHECK_TITLE
 from studies.gpu_check_page import render_gpu_check_page
 from studies.gpu_page import TITLE as GPU_TITLE
 from studies.gpu_page import render_gpu_page
+from studies.heads_acceptance import heads_acceptance_lines, shipped_heads_lines
 from studies.overlays import FIGURES, Goal, Study, load_studies
 from studies.readings_page import readings_lines
 from studies.real_size_page import TITLE as REAL_SIZE_TITLE
 from studies.real_size_page import render_real_size_page
 from studies.regime_page import PUBLISHED, regime_section
 from studies.tables import INTERVAL_LEGEND, describe_run, key_table, latest_run, markdown
+
+CHECKOUT = Path(__file__).resolve().parents[1]  # the shipped assets a page lists are this checkout's
 
 GENERATOR = "python scripts/results_pages.py"
 # Pages of the benchmark tools (scripts/bench_engine.py, scripts/real_size.py, scripts/gpu_smoke.sh,
@@ -88,7 +91,7 @@ def command_part(
     if rows.empty:
         return ["Not run yet: no rows in the CSV.", ""]
     rows = latest_run(rows)
-    lines = [describe_run(rows), "", markdown(key_table(rows, study.figure)), ""]
+    lines = [describe_run(rows), "", markdown(key_table(rows, study.figure)), "", *heads_acceptance_lines(rows)]
     if study.figure and study.figure not in SECTION_KINDS:  # one section for the whole page
         lacking = [c for c in FIGURES[study.figure] if c not in rows or rows[c].isna().all()]
         if lacking:
@@ -144,6 +147,7 @@ def render_page(
     costs = [c for s in studies if s.figure == "cost" for c in s.commands]
     if costs:
         lines += cost_section(results, costs, pd.read_csv(PUBLISHED), tables_dir or out_dir)
+    lines += shipped_heads_lines(results, CHECKOUT)
     drafters = [c for s in studies if s.figure == "drafters" for c in s.commands]
     if drafters:
         goal = page_goal(page, studies, "drafters")

@@ -149,17 +149,46 @@ def mark_chosen(rows: pd.DataFrame) -> pd.DataFrame:
     return out[COLUMNS]
 
 
+RESUMED_KEYS = ("model", "reference", "drafted", "n_prompts", "seed")  # a kept row's search settings, as recorded
+
+
+def finished_rows(cfg: DictConfig, target: float) -> dict[tuple[int, int], dict]:
+    """The rows `cfg.out` already holds from a search with the same model, decoders, prompt count, seed and
+    published figure, by budget: a rerun keeps a row whose budget trained the same recipe into the same weights
+    instead of decoding it again (other decoder settings are not in a row: a search that changes them writes
+    another `out`)."""
+    path = Path(cfg.out)
+    if not path.is_file():
+        return {}
+    wanted = {"model": cfg.model, "reference": cfg.reference.name, "drafted": cfg.drafted.name,
+              "n_prompts": cfg.n_prompts, "seed": cfg.seed}  # fmt: skip
+    kept = {}
+    hashes = {"recipe_sha": str, "weights_sha": str, "git_hash": str}  # hex: never read as a number
+    for row in pd.read_csv(path, dtype=hashes).to_dict("records"):
+        if all(str(row[k]) == str(wanted[k]) for k in RESUMED_KEYS) and abs(row["published"] / target - 1) < 1e-5:
+            kept[(int(row["images"]), int(row["epochs"]))] = row
+    return kept
+
+
 def search(cfg: DictConfig) -> pd.DataFrame:
     """Every budget's row, the chosen one marked, written to `cfg.out` (after each budget, so a killed search
-    leaves what it finished; a rerun retrains nothing already trained)."""
+    leaves what it finished; a rerun retrains nothing already trained and decodes no budget `out` already holds
+    for the same recipe and weights: finished_rows)."""
     import torch
 
     target = published_target(cfg)
+    finished = finished_rows(cfg, target)
     adapter, sampling, prompts = evaluation(cfg)
     reference = None
     rows = []
     for images, epochs in OmegaConf.to_container(cfg.budgets):
         record, train_s = train_budget(cfg, images, epochs)
+        done = finished.get((images, epochs))
+        if done is not None and (done["recipe_sha"], done["weights_sha"]) == (record["recipe_sha"],
+                                                                             record["weights_sha"]):  # fmt: skip
+            rows.append({k: done[k] for k in COLUMNS})
+            print(f"{images} images x {epochs} epochs: kept from {cfg.out} (git {done['git_hash']})")
+            continue
         torch.set_num_threads(record["recipe"]["threads"])  # decode as the recipe trained: its thread count
         started = time.perf_counter()
         if reference is None:
@@ -170,13 +199,18 @@ def search(cfg: DictConfig) -> pd.DataFrame:
                                      cfg.batch_size)  # fmt: skip
         rows.append(budget_row(cfg, images, epochs, record, reference, drafted,
                                (train_s, time.perf_counter() - started), target))  # fmt: skip
-        table = mark_chosen(pd.DataFrame(rows))
-        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(cfg.out, index=False, float_format="%.6g")
+        write_rows(cfg, rows)
         row = rows[-1]
         print(f"{images} images x {epochs} epochs: {cfg.drafted.name} over {cfg.reference.name} "
               f"{row['steps_over_reference']:.3f} (published {target:.3f}), 1 - TV {row['accept_sampled']}; "
               f"train {row['train_seconds']:.0f} s, decode {row['decode_seconds']:.0f} s")  # fmt: skip
+    return write_rows(cfg, rows)
+
+
+def write_rows(cfg: DictConfig, rows: list[dict]) -> pd.DataFrame:
+    table = mark_chosen(pd.DataFrame(rows))
+    Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(cfg.out, index=False, float_format="%.6g")
     return table
 
 

@@ -48,6 +48,29 @@ def test_a_tiny_search_writes_a_row_a_budget_and_its_chosen_row_names_the_drafte
     assert any(d.startswith("recipe_sha:") for d in departs)
 
 
+def test_a_rerun_keeps_the_rows_it_finished_and_decodes_only_the_budgets_it_lacks(tmp_path, monkeypatch):
+    """A search killed after its first budget, rerun with both: the first row is kept as written (no decode, no
+    training), the second decoded; a row of other settings (another seed) is decoded again."""
+    import sjd.training.drafter_budgets as budgets
+
+    out = tmp_path / "budgets.csv"
+    train = f"train_overrides=[data.batch_size=2,data.cache={tmp_path / 'cache'},measure_images=2,threads=1]"
+    common = [*TINY[2:], f"drafters={tmp_path / 'drafters'}", f"out={out}", train, "model=micro"]
+    search(search_config([*common, "budgets=[[2,1]]"]))
+    first = pd.read_csv(out)
+    decoded = []
+    real = budgets.forwards_per_image
+    monkeypatch.setattr(budgets, "forwards_per_image", lambda *a: decoded.append(a[1].name) or real(*a))
+    table = search(search_config([*common, "budgets=[[2,1],[3,1]]"]))
+    assert decoded == ["sjd_official", "eagle_sampled"]  # the reference and the new budget only
+    kept = table[table["images"] == 2].iloc[0]
+    assert kept["decode_seconds"] == first["decode_seconds"].iloc[0]
+    assert kept["steps_over_reference"] == pytest.approx(first["steps_over_reference"].iloc[0], rel=1e-5)
+    decoded.clear()
+    search(search_config([*common, "budgets=[[2,1]]", "seed=1"]))
+    assert decoded == ["sjd_official", "eagle_sampled"]
+
+
 def test_the_chosen_budget_is_the_one_nearest_the_published_figure():
     rows = pd.DataFrame({"images": [64, 32, 128], "epochs": [1, 1, 3], "off_published": [0.2, -0.5, -0.01]})
     rows = rows.reindex(columns=[*rows.columns, *(c for c in COLUMNS if c not in rows)])

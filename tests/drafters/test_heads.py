@@ -174,7 +174,9 @@ def test_the_documented_training_command_writes_heads_that_a_run_decodes_with(tm
     assert "sjd_heads" in done.stdout
 
 
-SHIPPED = sorted(p.name for pattern in ("heads_*", "spatial_heads_*") for p in (ROOT / "sjd" / "assets").glob(pattern))
+PATTERNS = ("heads_*", "spatial_heads_*", "token_heads_*")
+SHIPPED = sorted(p.name for pattern in PATTERNS for p in (ROOT / "sjd" / "assets").glob(pattern))
+KEYS = {"spatial_": "spatial_heads", "token_": "token_heads"}  # right and below heads (decoder=ssd); token-aware
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -188,11 +190,12 @@ def test_every_shipped_heads_directory_is_its_models_and_matches_its_record(name
     directory = ROOT / "sjd" / "assets" / name
     record = json.loads((directory / "heads.json").read_text())
     model = record["target"]["name"]
-    key = "spatial_heads" if name.startswith("spatial_") else "heads"  # right and below heads, for decoder=ssd
+    key = next((k for prefix, k in KEYS.items() if name.startswith(prefix)), "heads")
     assert OmegaConf.load(ROOT / "conf" / "model" / f"{model}.yaml")[key] == f"sjd/assets/{name}"
     assert file_sha256(directory / "heads.safetensors") == record["weights_sha"]
     assert record["command"].startswith(f"python scripts/train_heads.py model={model} ")
     assert f"out=sjd/assets/{name}" in record["overrides"]
+    assert record.get("tokens", False) is name.startswith("token_")
     measured = record["measured"]["acceptance"]
     assert set(measured) == {str(d) for d in record["offsets"]} and all(0 < a <= 1 for a in measured.values())
 
