@@ -18,7 +18,7 @@ left out; so are free positions where the distribution is one point (top-k = 1),
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -44,6 +44,12 @@ class TokenTerms:
     p_above: np.ndarray  # P_t(ids ranked above x_t)
     entropy: np.ndarray  # H(p_t) in nats
     second: np.ndarray  # sum p log^2 p
+    # True where p_t(x_t) = 0 only because x_t ties the top-k cutoff to float precision (cutoff_ties): a token
+    # at the cutoff in the decode's forward can fall just past it in this one, whose sums run in another order
+    tie: np.ndarray | None = field(default=None)
+
+    def ties(self) -> np.ndarray:
+        return np.zeros(self.p_token.shape, dtype=bool) if self.tie is None else self.tie
 
 
 POSITION_CHUNK = 128  # positions per float64 pass: bounds the audit's memory at a large vocabulary
@@ -84,7 +90,7 @@ def teacher_forced_tokens(
 ) -> TokenTerms:
     """One teacher-forced forward per image (prompt b, tokens [B, N]) in batches of `batch_size`, at the
     adapter's own dtype and path: prefill, then one forward of the whole sequence but its last token."""
-    parts = []
+    parts, ties = [], []
     N = tokens.shape[1]
     for start in range(0, len(prompts), batch_size):
         seq = tokens[start : start + batch_size].to(adapter.device)
@@ -96,7 +102,42 @@ def teacher_forced_tokens(
         positions = torch.arange(N, device=adapter.device).expand(B, -1)
         probs = logits_to_probs(logits, positions, adapter.layout, sampling)
         parts.append(position_terms(probs, seq, adapter.layout))
-    return TokenTerms(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
+        ties.append(cutoff_ties(logits, positions, seq, parts[-1][0], adapter.layout, sampling))
+    return TokenTerms(*(np.concatenate([p[i] for p in parts]) for i in range(4)), np.concatenate(ties))
+
+
+TIE_RTOL = 1e-4  # a probability within this fraction of the k-th largest ties it: float32 forwards differ ~1e-6
+
+
+@torch.no_grad()
+def cutoff_ties(
+    logits: Logits,
+    positions: torch.Tensor,
+    tokens: torch.Tensor,
+    p_token: np.ndarray,
+    layout: ImageLayout,
+    sampling: SamplingConfig,
+) -> np.ndarray:
+    """[B, N] True where a committed token has p = 0 under top-k only because it ties the k-th largest
+    probability (within TIE_RTOL) of the same pipeline without top-k. The decode's forward saw the same logits
+    summed in another order; at a near-tie the two can rank the token on either side of the cutoff. Only the
+    rare zero positions are recomputed."""
+    tie = np.zeros(p_token.shape, dtype=bool)
+    if sampling.top_k is None:
+        return tie
+    at = np.argwhere(p_token <= 0)
+    if not len(at):
+        return tie
+    b, t = (torch.as_tensor(at[:, i], device=positions.device) for i in (0, 1))
+    uncond = None if logits.uncond is None else logits.uncond[b, t][None]
+    untruncated = logits_to_probs(Logits(logits.cond[b, t][None], uncond), positions[b, t][None], layout,
+                                  replace(sampling, top_k=None, top_p=None))[0]  # fmt: skip
+    free = untruncated[:, layout.free_columns(untruncated.device)]
+    k = min(sampling.top_k, free.shape[-1])
+    kth = free.topk(k, dim=-1).values[:, -1]
+    mine = untruncated.gather(-1, tokens[b, t][:, None])[:, 0]
+    tie[at[:, 0], at[:, 1]] = ((mine > 0) & (mine >= kth * (1 - TIE_RTOL))).cpu().numpy()
+    return tie
 
 
 def pit_uniforms(terms: TokenTerms, seeds: Sequence[int]) -> np.ndarray:
@@ -196,14 +237,18 @@ def exactness_statistics(terms: TokenTerms, uniforms: np.ndarray, grid: CodeGrid
     """The one-sample audit's numbers for one decoder's images (columns prefixed tf_, docs/algorithms.md).
 
     tf_p combines the p-values of STATISTICS by Bonferroni and is 0 when a committed token has
-    probability 0 (impossible for an exact sampler); NaN when nothing was testable."""
+    probability 0 (impossible for an exact sampler); NaN when nothing was testable. A token at p = 0 that ties
+    the top-k cutoff (TokenTerms.tie) is neither impossible nor tested: tf_cutoff_ties counts them."""
     var = np.clip(terms.second - terms.entropy**2, 0.0, None)
-    zero = terms.p_token <= 0  # at a free position: outside top-k / top-p or the codes; at a forced one: off-grammar
-    ok = grid.tested[None] & ~zero & (var > 1e-12)
+    tie = terms.ties()
+    # at a free position: outside top-k / top-p or the codes; at a forced one: off-grammar
+    zero = (terms.p_token <= 0) & ~tie
+    ok = grid.tested[None] & ~zero & ~tie & (var > 1e-12)
     n = int(ok.sum())
     d = -np.log(np.where(ok, terms.p_token, 1.0)) - terms.entropy
     out = {"tf_n_images": int(len(uniforms)), "tf_n_tokens": n, "tf_zero_count": int(zero.sum()),
-           "tf_zero_share": float(zero.sum() / max(1, (grid.tested[None] | zero).sum()))}  # fmt: skip
+           "tf_zero_share": float(zero.sum() / max(1, (grid.tested[None] | zero).sum())),
+           "tf_cutoff_ties": int(tie.sum())}  # fmt: skip
     if n == 0:
         nan = float("nan")
         return {**out, "tf_z": nan, "tf_excess_nats": nan, "tf_var_nats2": nan, "tf_ks_d": nan, "tf_ks_p": nan,
@@ -247,7 +292,7 @@ def zero_share_by_block_row(terms: TokenTerms, grid: CodeGrid, block_depth: np.n
     with no position."""
     if block_depth is None:
         return dict.fromkeys(BLOCK_ROW_COLUMNS, float("nan"))
-    zero = terms.p_token <= 0
+    zero = (terms.p_token <= 0) & ~terms.ties()
     counted = grid.tested[None] | zero  # as tf_zero_share counts
     return {
         "tf_zero_share_top_row": impossible_share(zero, counted & (block_depth == 0)),
@@ -258,7 +303,8 @@ def zero_share_by_block_row(terms: TokenTerms, grid: CodeGrid, block_depth: np.n
 TF_COLUMNS = [
     "tf_n_images", "tf_n_tokens", "tf_z", "tf_excess_nats", "tf_var_nats2", "tf_ks_d", "tf_ks_p", "tf_row_ks_p",
     "tf_lag1_r", "tf_lag1_p", "tf_lag_row_r", "tf_lag_row_p", "tf_entropy_strata_p", "tf_position_strata_p",
-    "tf_zero_count", "tf_zero_share", *BLOCK_ROW_COLUMNS, "tf_tokens_needed", "tf_tokens_needed_split", "tf_p",
+    "tf_zero_count", "tf_zero_share", "tf_cutoff_ties", *BLOCK_ROW_COLUMNS, "tf_tokens_needed",
+    "tf_tokens_needed_split", "tf_p",
 ]  # fmt: skip
 
 

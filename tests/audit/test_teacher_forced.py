@@ -94,6 +94,54 @@ def test_a_greedier_sampler_shows_negative_excess_and_an_impossible_token_fails(
     assert out["tf_zero_count"] == 1 and out["tf_p"] == 0.0 and out["tf_n_tokens"] == 200 * 16 - 1
 
 
+def test_a_token_at_p_zero_that_ties_the_top_k_cutoff_is_counted_apart_not_failed():
+    """A token the decode's forward ranked k-th and this forward ranks k+1-th, by float noise, is no evidence
+    against the decoder: counted as a cutoff tie, left out of the test. One well below the cutoff still fails."""
+    rng = np.random.default_rng(1)
+    terms, _ = _exact_terms(rng, 200, 16, 12)
+    terms.p_token[3, 5] = 0.0
+    tie = np.zeros_like(terms.p_token, dtype=bool)
+    tie[3, 5] = True
+    tied = TokenTerms(terms.p_token, terms.p_above, terms.entropy, terms.second, tie)
+    out = exactness_statistics(tied, pit_uniforms(tied, range(200)), _grid(16, 4))
+    assert out["tf_zero_count"] == 0 and out["tf_cutoff_ties"] == 1 and out["tf_p"] > 1e-3
+    assert out["tf_n_tokens"] == 200 * 16 - 1
+    untied = TokenTerms(terms.p_token, terms.p_above, terms.entropy, terms.second)
+    out = exactness_statistics(untied, pit_uniforms(untied, range(200)), _grid(16, 4))
+    assert out["tf_zero_count"] == 1 and out["tf_cutoff_ties"] == 0 and out["tf_p"] == 0.0
+
+
+def test_cutoff_ties_finds_a_token_a_float_past_the_top_k_cutoff_and_no_other():
+    """Through the shared pipeline (CFG 3, top-k 2): id 2's guided logit 1e-6 under id 1's, the second largest,
+    ties the cutoff; id 3's, far under it, does not; a token inside the top-k has p > 0 and is not looked at."""
+    from sjd.audit.teacher_forced import cutoff_ties
+    from sjd.core.sampling import logits_to_probs
+    from sjd.types import Logits
+
+    layout = micro().layout  # codes 5, 6, 7 at generated position 1
+    ids = torch.nonzero(layout.free_tokens)[:, 0].tolist()
+    cond = torch.full((1, 3, len(layout.free_tokens)), -30.0)
+    cond[..., ids] = torch.tensor([2.0, 1.0, 1.0 - 1e-6])
+    positions = torch.full((1, 3), 1)
+    tokens = torch.tensor([[ids[2], ids[0], ids[2]]])
+    sampling = SamplingConfig(cfg_scale=3.0, top_k=2)
+
+    def p_of(logits: torch.Tensor) -> np.ndarray:
+        probs = logits_to_probs(Logits(logits, logits.clone()), positions, layout, sampling)  # CFG mix: the row
+        return probs.gather(-1, tokens[..., None])[..., 0].double().numpy()
+
+    p_token = p_of(cond)
+    assert p_token[0, 0] == 0 and p_token[0, 1] > 0
+    assert cutoff_ties(Logits(cond, cond.clone()), positions, tokens, p_token, layout, sampling).tolist() == [
+        [True, False, True]
+    ]
+    far = cond.clone()
+    far[..., ids[2]] = -5.0
+    p_token = p_of(far)
+    assert p_token[0, 0] == 0 and not cutoff_ties(Logits(far, far.clone()), positions, tokens, p_token, layout,
+                                                   sampling).any()  # fmt: skip
+
+
 def test_forced_positions_are_not_tested_and_nothing_testable_is_nan():
     adapter = micro()
     grid = code_grid(adapter.layout)
