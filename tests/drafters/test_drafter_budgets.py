@@ -119,3 +119,22 @@ def test_the_shipped_calibrated_drafter_is_a_budget_of_the_search_with_the_recip
     composed = compose(train_overrides(cfg, *budget))
     assert recipe_sha(recipe_arguments(composed)) == record["recipe_sha"]
     assert record_matches(pd.Series({"images": 128, "epochs": 3, "recipe_sha": record["recipe_sha"]}), record) == []
+
+
+def test_the_committed_search_has_a_row_per_budget_and_the_shipped_calibrated_drafter_is_its_chosen_row():
+    """results/drafter_budgets.csv, as `python -m sjd.training.drafter_budgets` wrote it: one row for each of
+    conf/drafter_budgets.yaml's budgets, the one nearest the published figure chosen, and the shipped calibrated
+    drafter's record naming that row's budget and recipe."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    table = pd.read_csv(root / "results" / "drafter_budgets.csv")
+    cfg = search_config([])
+    assert sorted(zip(table["images"], table["epochs"])) == sorted(tuple(b) for b in cfg.budgets)
+    assert table["n_prompts"].eq(cfg.n_prompts).all() and table["seed"].eq(cfg.seed).all()
+    assert table["published"].to_list() == pytest.approx([published_target(cfg)] * len(table), rel=1e-5)
+    assert mark_chosen(table)["chosen"].to_list() == table["chosen"].to_list()  # nearest the published figure
+    record = json.loads(
+        (root / "sjd" / "assets" / "drafter_standin_lumina_512_cal_calibrated" / "drafter.json").read_text()
+    )
+    assert record_matches(chosen_budget(table), record) == []
