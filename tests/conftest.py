@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -38,14 +39,23 @@ def toy():
     return ToyAdapter()
 
 
+_COMPOSED: dict[tuple[str, ...], object] = {}  # overrides -> the composed run config, once a test process
+
+
 @pytest.fixture
 def compose_cfg():
-    """compose_cfg(overrides) -> the run config as run.py would see it."""
+    """compose_cfg(overrides) -> the run config as run.py would see it. Each override list is composed once a test
+    process and handed out as a deep copy, so a test may change its config freely: Hydra's compose costs a
+    quarter of a second here, and several tests compose every study command (interpolations such as the run
+    directory's time stay unresolved in the copy, as in a fresh compose)."""
 
     def _compose(overrides=()):
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            return settle_named_rows(compose("config", overrides=list(overrides)))
+        key = tuple(overrides)
+        if key not in _COMPOSED:
+            GlobalHydra.instance().clear()
+            with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+                _COMPOSED[key] = settle_named_rows(compose("config", overrides=list(overrides)))
+        return copy.deepcopy(_COMPOSED[key])
 
     yield _compose
     GlobalHydra.instance().clear()
@@ -55,12 +65,19 @@ def compose_cfg():
 def run_audit():
     """run_audit(overrides) -> the report of scripts/audit.py for conf/audit.yaml + overrides. AR's reference
     draws are kept across the session's audits of one model (audit_report's `shared`): the same report, AR
-    drawn once instead of once a decoder."""
+    drawn once instead of once a decoder.
+
+    The one-sample teacher-forced audit of the samples runs only where the overrides ask for it
+    (`teacher_forced=true`): these audits assert the exact test, the stronger one on an enumerable model, and
+    every lossless decoder's one-sample audit is asserted at its own size in tests/audit/test_teacher_forced.py.
+    Left on, it would cost each of some fifty 20,000-sample audits a teacher-forced pass nothing reads."""
     from sjd.audit.driver import audit_report
 
     shared: dict = {}
 
     def _run(overrides):
+        if not any(o.startswith("teacher_forced=") for o in overrides):
+            overrides = [*overrides, "teacher_forced=false"]
         GlobalHydra.instance().clear()
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
             cfg = compose("audit", overrides=list(overrides))

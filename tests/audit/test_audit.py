@@ -34,7 +34,11 @@ def audit_overrides(name: str) -> list[str] | None:
     return [f"decoder={name}", *(["model=micro_sjd2"] if EMBEDS in decoder.requires else [])]
 
 
-FOUND = {name: o for name in algorithm_configs() if (o := audit_overrides(name)) is not None}
+# EAGLE-2's dynamic tree at its published size (60 nodes, 7 rounds) is mostly nodes without mass on an image of
+# 4 codes of 3 ids, and its 60-wide tree forwards are most of the audit's time: here it keeps 19 nodes of 4 rounds,
+# where the ranking still drops candidates, as the published size does on a real image.
+MICRO_TREES = {"eagle": ["decoder.total_tokens=20", "decoder.depth=4"]}
+FOUND = {name: [*o, *MICRO_TREES.get(name, [])] for name in algorithm_configs() if (o := audit_overrides(name))}
 SETTINGS = {
     "sjd-horizontal": ["decoder=sjd", "decoder.init=horizontal"],
     "sjd-vertical": ["decoder=sjd", "decoder.init=vertical"],
@@ -96,7 +100,7 @@ def test_the_audit_catches_a_biased_decoder(run_audit, monkeypatch):
     import sjd.core.verify
 
     monkeypatch.setattr(sjd.core.verify, "residual", lambda p, q: p)
-    report = run_audit(["decoder=sjd", "n_samples=20000"])
+    report = run_audit(["decoder=sjd", "n_samples=4000"])  # p ~ 1e-18 at 4,000 (1e-141 at 20,000)
     assert report["p_value"] < 1e-6, report
 
 
@@ -155,7 +159,7 @@ def test_the_two_sample_test_reports_nan_when_nothing_is_testable_and_counts_wha
 
 @pytest.mark.slow
 def test_lossy_decoders_report_their_distance(run_audit):
-    pjd = run_audit(["decoder=pjd", "n_samples=4000"])
+    pjd = run_audit(["decoder=pjd", "n_samples=4000", "teacher_forced=true"])
     assert not pjd["lossless_expected"] and pjd["decoder_config"]["context"] == 1
     # On the 2 x 2 micro model PJD's departure from AR is below what 4000 samples resolve: its exact-test TV
     # sits at AR's own sampling noise (81 outcomes, about 0.04 at this size), and both audits pass it

@@ -83,9 +83,9 @@ def test_on_rows_shorter_than_the_chain_a_row_below_within_reach_is_a_chain_draf
 @pytest.mark.slow
 @pytest.mark.parametrize("decoder", ["hawk", "ssd"])
 def test_the_documented_command_runs_with_the_shipped_heads(tmp_path, decoder):
-    """`python run.py decoder=NAME model=standin_lumina_512_cal`, at one prompt."""
+    """`python run.py decoder=NAME model=standin_lumina_512_cal`, at one prompt without a warm-up batch."""
     command = [sys.executable, str(ROOT / "run.py"), f"decoder={decoder}", "model=standin_lumina_512_cal",
-               "prompts.n=1", "results_csv=null", "logger=csv", "save_images=false",
+               "prompts.n=1", "warmup=0", "results_csv=null", "logger=csv", "save_images=false",
                f"hydra.run.dir={tmp_path}"]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -154,11 +154,11 @@ def test_the_summary_sets_modelled_speedup_beside_step_compression_with_paired_i
 
 @pytest.mark.slow
 def test_the_documented_command_writes_fe_compression_and_a_modelled_speedup(tmp_path):
-    """`python run.py model=standin_lumina_512_cal decoder=csjd_pac_drafter prompts.n=2`: the drafter hybrid's
+    """`python run.py model=standin_lumina_512_cal decoder=csjd_pac_drafter prompts.n=2 warmup=0`: the drafter hybrid's
     fe_compression is well below its step compression, and its modelled speedup on an H100 is in the summary."""
     run_dir = tmp_path / "run"
-    proc = run_py("model=standin_lumina_512_cal", "decoder=csjd_pac_drafter", "prompts.n=2", f"hydra.run.dir={run_dir}",
-                  "results_csv=null", "save_images=false")  # fmt: skip
+    proc = run_py("model=standin_lumina_512_cal", "decoder=csjd_pac_drafter", "prompts.n=2", "warmup=0",
+                  f"hydra.run.dir={run_dir}", "results_csv=null", "save_images=false")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = pd.read_csv(run_dir / "summary.csv").set_index("decoder")
     hybrid = summary.loc["csjd_pac_drafter"]

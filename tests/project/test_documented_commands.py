@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PREFIXES = ("python run.py", "python scripts/", "torchrun", "make")
 TINY = {"prompts.n": "2", "decoder.window": "4", "warmup": "0"}
 SCRIPT_ARGS = {  # arguments appended to a script at tiny size (hydra overrides, or flags where the last wins)
-    "audit.py": ["n_samples=100"],  # the test checks the command runs and reports, not its power
+    "audit.py": ["n_samples=20"],  # the test checks the command runs and reports, not its power
     "bench_bookkeeping.py": ["--model", "toy", "--prompts", "1", "--decoders", "ar,sjd", "--windows", "16",
                              "--batches", "1"],
     "count_syncs.py": ["--model", "toy", "--decoders", "ar,sjd", "--windows", "16", "--batches", "1"],
@@ -276,11 +276,30 @@ def _summaries(checkout: Path) -> set[Path]:
     return set((checkout / "outputs").rglob("summary.csv"))
 
 
-_PASSED: set[tuple[str, ...]] = set()  # command lines already exercised in this session (make run = python run.py)
+_PASSED: set[tuple[str, ...]] = set()  # runs already exercised in this session, by run_key
+
+
+def run_key(argv: list[str]) -> tuple[str, ...]:
+    """What decides a documented run: the config it composes at tiny size, so that commands which spell out
+    the defaults (`python run.py`, `python run.py decoder=sjd`, `python run.py model=toy decoder=sjd`, `make
+    run`) run once, being the same run; a sweep by its command line (make's .venv/bin/python is the activated
+    venv's python)."""
+    overrides = _with_tiny(argv)[2:]
+    if "--multirun" in overrides:
+        return ("python", *argv[1:])
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        composed = OmegaConf.to_yaml(compose("config", overrides=overrides))
+    GlobalHydra.instance().clear()
+    return (composed,)
 
 
 def exercise_run(command: str, argv: list[str], checkout: Path, steps: list[str] | None = None) -> None:
-    key = ("python", *argv[1:])  # make's .venv/bin/python is the activated venv's python
+    key = run_key(argv)
     if key in _PASSED:
         return
     before = _summaries(checkout)
