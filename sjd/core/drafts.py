@@ -63,7 +63,7 @@ def fresh_drafts(
         for i in range(count):  # sequential: a draft may copy the draft just before it
             pos = start + i
             seq[pos] = _spatial(spatial, seq, pos, layout, random_ids[i])
-        if scheme == "sample_horizon" and left_distribution is not None and _column(start, layout) > 0:
+        if scheme == "sample_horizon" and left_distribution is not None and code_column(start, layout) > 0:
             seq[start] = left_distribution.argmax()
             for pos in range(start + 1, start + count):  # the rest of the row follows its left neighbour
                 seq[pos] = _spatial(spatial, seq, pos, layout, random_ids[pos - start])
@@ -99,7 +99,7 @@ def distribution_drafts(
     forced = layout.forced[start : start + count].tolist()  # the layout's own host tensor: reading it stalls nothing
     for i in range(count):  # sequential: a draft may copy the draft just above it
         pos, above = start + i, start + i - layout.row_stride
-        column = _column(pos, layout)
+        column = code_column(pos, layout)
         is_forced = force and forced[i] >= 0
         if is_forced or not (0 <= column < layout.width and layout.first_code <= above < committed):
             seq[pos] = forced[i] if is_forced else _spatial("vertical", seq, pos, layout, random_ids[i])
@@ -113,22 +113,30 @@ def distribution_drafts(
     return seq[start:], q
 
 
-def _column(pos: int, layout: ImageLayout) -> int:
+def code_column(pos: int, layout: ImageLayout) -> int:
+    """The column of generated position `pos` in the token stream's rows (width for an end-of-line slot), or -1
+    before the first code."""
     return (pos - layout.first_code) % layout.row_stride if pos >= layout.first_code else -1
 
 
 def _spatial(scheme: str, seq: torch.Tensor, pos: int, layout: ImageLayout, fallback: torch.Tensor) -> torch.Tensor:
+    neighbour = spatial_neighbour(scheme, pos, layout)
+    return fallback if neighbour is None else seq[neighbour]
+
+
+def spatial_neighbour(scheme: str, pos: int, layout: ImageLayout) -> int | None:
+    """The position whose token a `horizontal` or `vertical` draft at `pos` copies (left first, or above first), or
+    None where it has neither, or `pos` is no image code slot: the draft is then its random fallback (a forced token
+    overrides it anyway)."""
     rel = pos - layout.first_code
     row, col = divmod(rel, layout.row_stride)
     if rel < 0 or col >= layout.width:
-        return fallback  # not an image code slot; the forced token overrides it anyway
+        return None
     left = pos - 1 if col > 0 else None
     above = pos - layout.row_stride if row > 0 else None
-    order = (left, above) if scheme == "horizontal" else (above, left)
-    for neighbour in order:
-        if neighbour is not None:
-            return seq[neighbour]
-    return fallback
+    if scheme == "horizontal":
+        return left if left is not None else above
+    return above if above is not None else left
 
 
 def one_hot(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:

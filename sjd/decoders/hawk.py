@@ -163,21 +163,13 @@ class HawkDecoder(SpeculationPool, HeadsContinuation, SJDPACDecoder):
         super().adopt(state, call, redraft)
         self.cache_speculations(state, call, redraft, self.vertical_offsets(call.layout))
 
-    def plan_row(
-        self,
-        state: HawkState,
-        b: int,
-        lead: int,
-        width: int,
-        layout: ImageLayout,
-        generator: torch.Generator,
-        room: list[tuple[bool, int]],
-    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    def chain_plan(
+        self, state: HawkState, b: int, lead: int, width: int, layout: ImageLayout, room: list[tuple[bool, int]]
+    ) -> tuple[int, list[int]]:
         """The chain is the horizontal heads' reach; siblings take what the window leaves, nearest position first."""
         n, N = state.committed[b], layout.n_tokens
         budget = max(width - lead, 0) if width else 0
         n_chain = min(self.horizontal, budget, N - n)
-        d, dq = self.top_up(state, b, n_chain, layout, generator)
         left, counts = budget - n_chain, []
         for k in range(min(self.branch_depth, n_chain)):
             count = min(self.branches - 1, room[k][1], left)
@@ -185,4 +177,4 @@ class HawkDecoder(SpeculationPool, HeadsContinuation, SJDPACDecoder):
             left -= count
         while counts and counts[-1] == 0:
             counts.pop()
-        return d, dq, counts
+        return n_chain, counts

@@ -45,8 +45,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from sjd.decoders.hawk import HawkState, SpeculationPool
 from sjd.decoders.headed import HeadsContinuation
 from sjd.decoders.sjd_pac import SJDPACDecoder
@@ -73,18 +71,12 @@ class CoupledHeadSiblingsDecoder(SpeculationPool, HeadsContinuation, SJDPACDecod
         super().adopt(state, call, redraft)
         self.cache_speculations(state, call, redraft, self.load(call.adapter).offsets)
 
-    def plan_row(
-        self,
-        state: HawkState,
-        b: int,
-        lead: int,
-        width: int,
-        layout: ImageLayout,
-        generator: torch.Generator,
-        room: list[tuple[bool, int]],
-    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """The coupled chain (carried drafts, topped up as csjd_pac does), and at its first positions as many
-        siblings as speculations wait there (`room`), up to `branches - 1`; the chain takes the rest of the window."""
+    def chain_plan(
+        self, state: HawkState, b: int, lead: int, width: int, layout: ImageLayout, room: list[tuple[bool, int]]
+    ) -> tuple[int, list[int]]:
+        """The coupled chain's length (carried drafts, topped up as csjd_pac does), and at its first positions as
+        many siblings as speculations wait there (`room`), up to `branches - 1`; the chain takes the rest of the
+        window."""
         n, N = state.committed[b], layout.n_tokens
         budget = max(width - lead, 0) if width else 0
         counts: list[int] = []
@@ -95,5 +87,4 @@ class CoupledHeadSiblingsDecoder(SpeculationPool, HeadsContinuation, SJDPACDecod
             counts.append(count)
         while counts and counts[-1] == 0:
             counts.pop()
-        d, dq = self.top_up(state, b, min(budget - sum(counts), N - n), layout, generator)
-        return d, dq, counts
+        return min(budget - sum(counts), N - n), counts

@@ -37,10 +37,11 @@ from dataclasses import dataclass
 
 import torch
 
-from sjd.core.drafts import DISTRIBUTION_SCHEMES, SCHEMES, distribution_drafts, fresh_drafts, one_hot
+from sjd.core.drafts import DISTRIBUTION_SCHEMES, SCHEMES
 from sjd.core.staging import device_ints
 from sjd.core.verify import VerifyResult
 from sjd.decoders.base import WINDOW_CAPABILITY
+from sjd.decoders.top_up import top_up_rows
 from sjd.decoders.window import WindowDecoder, WindowStep
 from sjd.decoders.window_state import WindowState, draw_uniforms
 from sjd.types import ImageLayout
@@ -69,12 +70,12 @@ class SJDDecoder(WindowDecoder):
 
     # -- phases --------------------------------------------------------------------------------------
     def draft(self, step: WindowStep) -> None:
-        """Window inputs [B, W] = [last committed, drafts...], drafts [B, W-1] and their q: planned row by row
-        (each from its own generator), laid out for the batch at once."""
+        """Window inputs [B, W] = [last committed, drafts...], drafts [B, W-1] and their q: every row's carried
+        drafts topped up (each row's fresh ones from its own generator), laid out for the batch at once."""
         state, widths, layout, generators = step.state, step.widths, step.call.layout, step.call.generators
         device = state.tokens.device
         needs = [max(w - 1, 0) for w in widths]
-        planned = [self.top_up(state, b, need, layout, generators[b]) for b, need in enumerate(needs)]
+        planned = self.top_up(state, needs, layout, generators)
         drafts = torch.nn.utils.rnn.pad_sequence([d for d, _ in planned], batch_first=True)
         last = device_ints([min(n, layout.n_tokens) - 1 for n in state.committed], device)[:, None]
         step.inputs = torch.cat([state.tokens.gather(1, last), drafts], 1)
@@ -82,27 +83,11 @@ class SJDDecoder(WindowDecoder):
         step.n_drafts = device_ints(needs, device)
 
     def top_up(
-        self, state: WindowState, b: int, need: int, layout: ImageLayout, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row b's carried drafts for its next `need` positions, topped up with fresh ones, and their q."""
-        n = state.committed[b]
-        d, dq = state.carried[b][:need], state.carried_q[b][:need]
-        carried = d.shape[0]
-        if carried == need:
-            return d, dq
-        # Spatial schemes read the row's current tokens; random needs none (keep the hot path light).
-        known = d if self.init == "random" else torch.cat([state.tokens[b, :n], d])
-        start, count = n + carried, need - carried
-        if self.init in DISTRIBUTION_SCHEMES:
-            noise = state.noise[b] if state.noise is not None else None  # Gumbel coupling's vectors
-            new, new_q = distribution_drafts(
-                known, start, count, layout, generator, n, state.committed_p[b], noise, self.forced_drafts
-            )
-        else:
-            left = dq[-1] if carried else state.last_p[b]  # what position start - 1 was drawn from
-            new = fresh_drafts(self.init, known, start, count, layout, generator, left, self.forced_drafts)
-            new_q = one_hot(new, layout.vocab_size)
-        return torch.cat([d, new]), torch.cat([dq, new_q])
+        self, state: WindowState, needs: list[int], layout: ImageLayout, generators: list[torch.Generator]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per row b, its carried drafts for its next `needs[b]` positions, topped up with fresh ones of `init`,
+        and their q: the batch at once (sjd.decoders.top_up), each row drawing what it would draw alone."""
+        return top_up_rows(self.init, self.forced_drafts, state, needs, layout, generators)
 
     def forward(self, step: WindowStep) -> None:
         """The window against the cache; output i of row b predicts position committed[b] + i."""

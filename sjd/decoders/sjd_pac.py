@@ -231,18 +231,11 @@ class SJDPACDecoder(Coupled, SJDDecoder):
             return [[] for _ in state.committed]
         return [room[: self.branch_depth] for room in state.carried_room]
 
-    def plan_row(
-        self,
-        state: WindowState,
-        b: int,
-        lead: int,
-        width: int,
-        layout: ImageLayout,
-        generator,
-        room: list[tuple[bool, int]],
-    ):
-        """Chain drafts (carried, topped up with fresh ones), their q, and how many siblings each of the first
-        `depth` of them gets (`room`: the row's `sibling_room`)."""
+    def chain_plan(
+        self, state: WindowState, b: int, lead: int, width: int, layout: ImageLayout, room: list[tuple[bool, int]]
+    ) -> tuple[int, list[int]]:
+        """How many chain drafts row b gets and how many siblings each of the first `depth` of them gets (`room`: the
+        row's `sibling_room`), from host integers alone."""
         n, N, K = state.committed[b], layout.n_tokens, self.branches
         budget = max(width - lead, 0) if width else 0  # inputs left after the lead-in
         depth = 0
@@ -250,18 +243,20 @@ class SJDPACDecoder(Coupled, SJDDecoder):
             while depth < min(self.branch_depth, len(room)) and room[depth][0] and (depth + 1) * K <= budget:
                 depth += 1
         n_chain = min(budget - depth * (K - 1), N - n)
-        d, dq = self.top_up(state, b, n_chain, layout, generator)
-        return d, dq, [min(K - 1, room[k][1]) for k in range(depth)]
+        return n_chain, [min(K - 1, room[k][1]) for k in range(depth)]
 
     def plan_rows(self, state: WindowState, cached: list[int], widths: list[int], call: WindowCall) -> list[tuple]:
         """Per row: (lead-in length, chain drafts, their q, siblings, sibling counts per chain draft, the
-        siblings' own q or None)."""
+        siblings' own q or None). The chains are topped up for the batch at once; then each row draws its
+        siblings with its generator, after its chain's fresh drafts, as it would alone."""
+        leads = [state.committed[b] - cached[b] if width else 0 for b, width in enumerate(widths)]
+        plans = [self.chain_plan(state, b, leads[b], widths[b], call.layout, room)
+                 for b, room in enumerate(self.sibling_room(state))]  # fmt: skip
+        chains = self.top_up(state, [n_chain for n_chain, _ in plans], call.layout, call.generators)
         rows = []
-        for b, room in enumerate(self.sibling_room(state)):
-            lead = state.committed[b] - cached[b] if widths[b] else 0
-            d, dq, counts = self.plan_row(state, b, lead, widths[b], call.layout, call.generators[b], room)
+        for b, ((_, counts), (d, dq)) in enumerate(zip(plans, chains)):
             sib, sib_q = self.row_siblings(state, b, d, dq, counts, call.generators[b])
-            rows.append((lead, d, dq, sib, counts, sib_q))
+            rows.append((leads[b], d, dq, sib, counts, sib_q))
         return rows
 
     def build_window(

@@ -172,17 +172,20 @@ def test_the_audit_catches_vertical_dist_drafts_whose_q_is_not_what_drew_them(ru
     micro model sees it, so the exactness audit above does exercise the distribution drafts."""
     import sjd.decoders.sjd as sjd_module
 
-    original = sjd_module.distribution_drafts
+    original = sjd_module.top_up_rows
 
-    def uniform_ids_claimed_from_q(*args, **kwargs):
-        ids, q = original(*args, **kwargs)
-        layout, generator = args[3], args[4]
-        spread = q.max(-1).values < 1.0
+    def uniform_ids_claimed_from_q(scheme, force, state, needs, layout, generators):
+        carried = [min(len(c), need) for c, need in zip(state.carried, needs)]
+        out = original(scheme, force, state, needs, layout, generators)
         free = layout.free_token_ids
-        uniform = free[torch.randint(len(free), (len(ids),), generator=generator)]
-        return torch.where(spread, uniform, ids), q
+        for b, ((ids, q), k) in enumerate(zip(out, carried)):
+            if len(ids) > k:  # the row's fresh drafts: the drawn ones replaced by uniform ids, q left as drawn
+                spread = q[k:].max(-1).values < 1.0
+                uniform = free[torch.randint(len(free), (len(ids) - k,), generator=generators[b])]
+                out[b] = (torch.cat([ids[:k], torch.where(spread, uniform, ids[k:])]), q)
+        return out
 
-    monkeypatch.setattr(sjd_module, "distribution_drafts", uniform_ids_claimed_from_q)
+    monkeypatch.setattr(sjd_module, "top_up_rows", uniform_ids_claimed_from_q)
     report = run_audit(["decoder=csjd", "n_samples=8000"])  # p ~ 1e-11 at 8,000
     assert report["p_value"] < 1e-6, report
 
@@ -193,15 +196,18 @@ def test_the_window_4_audit_reaches_vertical_dist_draws(monkeypatch, coupling):
     distribution draw (the rest have no committed code above them yet)."""
     import sjd.decoders.sjd as sjd_module
 
-    original, drawn, fresh = sjd_module.distribution_drafts, [], []
+    original, drawn, fresh = sjd_module.top_up_rows, [], []
 
-    def counting(*args, **kwargs):
-        ids, q = original(*args, **kwargs)
-        drawn.append(int((q.max(-1).values < 1.0).sum()))
-        fresh.append(len(ids))
-        return ids, q
+    def counting(scheme, force, state, needs, layout, generators):
+        carried = [min(len(c), need) for c, need in zip(state.carried, needs)]
+        out = original(scheme, force, state, needs, layout, generators)
+        for (ids, q), k in zip(out, carried):
+            if len(ids) > k:  # the row's fresh drafts: a distribution draw has a q that is not one-hot
+                drawn.append(int((q[k:].max(-1).values < 1.0).sum()))
+                fresh.append(len(ids) - k)
+        return out
 
-    monkeypatch.setattr(sjd_module, "distribution_drafts", counting)
+    monkeypatch.setattr(sjd_module, "top_up_rows", counting)
     prompts = [Prompt(str(i), "a") for i in range(300)]
     decoder = CoupledSJDDecoder(window=4, init="vertical_dist", coupling=coupling)
     decoder.generate(MicroAdapter(), prompts, SamplingConfig(cfg_scale=2.0), gens(prompts))

@@ -176,14 +176,16 @@ def test_the_window_4_audit_reaches_vertical_dist_draws_and_committed_siblings(m
     makes about one distribution draft an image and commits a sibling in a few images in a hundred."""
     import sjd.decoders.sjd as sjd_module
 
-    original, draws = sjd_module.distribution_drafts, []
+    original, draws = sjd_module.top_up_rows, []
 
-    def counting(*args, **kwargs):
-        ids, q = original(*args, **kwargs)
-        draws.append(int((q.max(-1).values < 1.0).sum()))
-        return ids, q
+    def counting(scheme, force, state, needs, layout, generators):
+        carried = [min(len(c), need) for c, need in zip(state.carried, needs)]
+        out = original(scheme, force, state, needs, layout, generators)
+        # each row's fresh drafts: a distribution draw has a q that is not one-hot
+        draws.extend(int((q[k:].max(-1).values < 1.0).sum()) for (_, q), k in zip(out, carried) if len(q) > k)
+        return out
 
-    monkeypatch.setattr(sjd_module, "distribution_drafts", counting)
+    monkeypatch.setattr(sjd_module, "top_up_rows", counting)
     n = 300
     prompts = [Prompt(str(i), "a") for i in range(n)]
     decoder = SJDPACDecoder(window=4, branches=2, branch_depth=1)
