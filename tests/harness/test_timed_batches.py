@@ -28,7 +28,8 @@ FEWER = {
     "+model.heads=sjd/assets/spatial_heads_standin_lumina_768_cal": "decided on modelled latency, whose unit is the "
     "prompt, as its 512 px run is; eight prompts, as beyond_sjd_pac's 768 px run",
     "python run.py experiment=heads_tokens model=standin_lumina_768_cal prompts.n=8 "
-    "+model.heads=sjd/assets/spatial_heads_standin_lumina_768_cal": "as heads_siblings' 768 px run, on the same prompts",
+    "+model.heads=sjd/assets/spatial_heads_standin_lumina_768_cal": "as heads_siblings' 768 px run, on the same "
+    "prompts",
     "python run.py experiment=ssd_readings": "its readings are judged on modelled speedup (counted) and the "
     "one-sample audit, not measured latency; eight prompts keep its eight readings within a shared CPU's time",
     "python run.py experiment=cost_validation": "its page shows modelled figures, whose unit is the prompt, and no "
