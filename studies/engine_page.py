@@ -116,7 +116,7 @@ def launches_section(eager: pd.DataFrame, compiled: pd.DataFrame) -> list[str]:
         "forward (kernel launches on a GPU), on the static cache at batch 1, with the iteration's kernels eager and "
         "as compile=true runs them (sjd/decoders/kernels.py: the logits pipeline, the verification rules, the "
         "tree's tests and the coupled drafts, each one graph replay plus a copy of each device input; "
-        'docs/evaluation.md, "Compiled forwards"). What stays eager is the per-row drafting and committing.',
+        'docs/evaluation.md, "Compiled forwards"). What stays eager is the drafting and the committing.',
         "",
         markdown_table(both[["decoder", "window", "eager", "compiled", "compiled over eager"]], floatfmt=".2f"),
         "",
