@@ -266,8 +266,9 @@ class SJDPACDecoder(Coupled, SJDDecoder):
         widths: list[int],
         call: WindowCall,
     ) -> TreeWindow:
-        """[lead-in: committed tokens to (re)write][chain drafts][siblings], per row: planned row by row (host
-        integers and each row's own draws), laid out for the batch at once."""
+        """[lead-in: committed tokens to (re)write][chain drafts][siblings], per row: planned from host integers
+        (`plan_rows`: the chains topped up for the batch at once, each row's siblings from its own draws), laid out
+        for the batch at once."""
         rows = self.plan_rows(state, cached, widths, call)
         lengths = [row[1].shape[0] for row in rows]
         W = max(1, max(row[0] + c + sum(row[4]) for row, c in zip(rows, lengths)))

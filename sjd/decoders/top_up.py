@@ -101,16 +101,16 @@ class FreshPlan:
             pos, above = row.start + i, row.start + i - S
             column = code_column(pos, layout)
             if self.force and forced[pos] >= 0:
-                row.add(self.forced_at + pos)
+                row.final.append(self.forced_at + pos)
             elif 0 <= column < layout.width and layout.first_code <= above < row.committed:
                 self.drawn_flat.append(flat_at + i)
-                row.add(-1 - len(self.drawn))
+                row.final.append(-1 - len(self.drawn))
                 self.drawn.append((row.b, pos, above % S))
                 if self.state.noise is None:  # the row's generator draws now: after its random ids, in order
                     q = self.state.committed_p[row.b, above % S].to(torch.get_default_dtype())
                     self.drawn_ids.append(torch.multinomial(q, 1, generator=generator)[0])
             else:
-                row.add(row.copy_of(spatial_neighbour("vertical", pos, layout), i))
+                row.final.append(row.copy_of(spatial_neighbour("vertical", pos, layout), i))
 
     def plan_spatial(self, row: RowChain, count: int, d: torch.Tensor, dq: torch.Tensor) -> None:
         left = None
@@ -119,12 +119,12 @@ class FreshPlan:
         from_left = left is not None and code_column(row.start, self.layout) > 0
         for i in range(count):
             if self.scheme == "random":
-                row.add(row.random_at + i)
+                row.final.append(row.random_at + i)
             elif i == 0 and from_left:
-                row.add(-1 - len(self.lefts))
+                row.final.append(-1 - len(self.lefts))
                 self.lefts.append(left)
             else:
-                row.add(row.copy_of(spatial_neighbour(self.copies, row.start + i, self.layout), i))
+                row.final.append(row.copy_of(spatial_neighbour(self.copies, row.start + i, self.layout), i))
 
     def gather(self, short: list, sources: list[int], random_draws: list[torch.Tensor]):
         state, layout, device, V = self.state, self.layout, self.device, self.layout.vocab_size
@@ -157,9 +157,6 @@ class RowChain:
         self.b, self.committed, self.start = b, committed, start
         self.token_at, self.carried_at, self.random_at = b * n_tokens, carried_at, random_at
         self.final: list[int] = []
-
-    def add(self, source: int) -> None:
-        self.final.append(source)
 
     def copy_of(self, neighbour: int | None, i: int) -> int:
         """What the i-th fresh draft copies: its neighbour's token (committed, carried, or a fresh draft before it),
