@@ -21,13 +21,21 @@ EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml
 
 def test_every_decoder_config_composes_through_hydra_as_decoder_config_reads_it(compose_cfg):
     """`decoder=<name>` puts conf/decoder/<name>.yaml, its defaults list applied, at `decoder` and changes nothing
-    else of the run config: so a run config with any model and decoder is the model's composed config with that
-    decoder put in (what test_every_model_and_decoder_composes builds), and no other group depends on the decoder."""
+    else of the run config, and `model=<name>` changes nothing outside the model and its eval config: so a run
+    config with any model and decoder is the model's composed config with that decoder put in (what
+    test_every_model_and_decoder_composes builds)."""
     plain = OmegaConf.to_container(compose_cfg(["model=toy"]))
     for name in [*DECODERS, *VARIANTS]:
         cfg = OmegaConf.to_container(compose_cfg(["model=toy", f"decoder={name}"]))
         assert cfg.pop("decoder") == OmegaConf.to_container(decoder_config(name)), name
         assert cfg == {k: v for k, v in plain.items() if k != "decoder"}, name
+    # and a model config touches the model (and the eval config named after it), never the decoder
+    for model in MODELS:
+        cfg = OmegaConf.to_container(compose_cfg([f"model={model}"]))
+        assert cfg["decoder"] == plain["decoder"], model
+        assert {k: v for k, v in cfg.items() if k not in ("model", "eval")} == {
+            k: v for k, v in plain.items() if k not in ("model", "eval")
+        }, model
 
 
 @pytest.mark.parametrize("model", MODELS)
