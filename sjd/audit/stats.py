@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy import stats
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs
 from sjd.core.seeding import make_generators
@@ -95,6 +94,8 @@ def _pooled_chi_square(observed: np.ndarray, expected: np.ndarray) -> tuple[floa
 
 def exact_test(counts: np.ndarray, probs: np.ndarray) -> AuditResult:
     """Goodness of fit of outcome `counts` to the exact distribution `probs`."""
+    from scipy import stats  # here, not at the top: every run imports this module, and only an audit needs scipy
+
     n = counts.sum()
     probs = probs / probs.sum()
     stat, dof = _pooled_chi_square(counts.astype(float), n * probs)
@@ -106,6 +107,8 @@ def marginal_test(samples: np.ndarray, reference: np.ndarray) -> AuditResult:
     """Per-position two-sample chi-square of [n, N] token arrays; Bonferroni over positions.
     tv_distance is the mean over positions of the marginals' total-variation distance. With no
     position testable (too few samples) the p-value is NaN, not 1."""
+    from scipy import stats  # as in exact_test
+
     p_values, tvs, dofs = [], [], 0
     for pos in range(samples.shape[1]):
         ids = np.union1d(samples[:, pos], reference[:, pos])

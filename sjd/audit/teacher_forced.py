@@ -13,6 +13,9 @@ model, then (docs/algorithms.md, "The one-sample audit"):
 `teacher_forced_tokens` runs the forwards (batched) and keeps four numbers per position; everything
 after it is a pure function of those numbers. Forced positions (p = 1) carry no information and are
 left out; so are free positions where the distribution is one point (top-k = 1), which test nothing.
+
+scipy is imported inside the functions that test, not here: every run imports this module (through
+sjd.audit.in_run), and scipy.stats costs a process about a second that only an audit needs.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
-from scipy import optimize, stats
 
 from sjd.core.sampling import SamplingConfig, logits_to_probs
 from sjd.models.base import ModelAdapter
@@ -166,6 +168,8 @@ def code_grid(layout: ImageLayout) -> CodeGrid:
 def _lag_correlation(g: np.ndarray, ok: np.ndarray, lag: int) -> tuple[float, float, int]:
     """Mean of g_t g_{t+lag} over pairs both tested, and its two-sided p: under the null the g are
     independent N(0, 1), so the sum over n pairs divided by sqrt(n) is close to N(0, 1)."""
+    from scipy import stats  # imported here: see the module's note on scipy
+
     if lag <= 0 or lag >= g.shape[1]:
         return float("nan"), float("nan"), 0
     pair = ok[:, :-lag] & ok[:, lag:]
@@ -183,6 +187,8 @@ def tokens_for_power(
     """Tokens the Z statistic needs to detect a mean excess of `excess` nats per token at combined p <
     `alpha` (Bonferroni over STATISTICS) with probability `power`, given the measured variance per token:
     n excess / sqrt(n var) must reach z_{1 - alpha / 2k} + z_power."""
+    from scipy import stats  # imported here: see the module's note on scipy
+
     if not np.isfinite(var_per_token) or var_per_token <= 0:
         return float("nan")
     z = stats.norm.isf(alpha / (2 * len(STATISTICS))) + stats.norm.isf(1 - power)
@@ -196,6 +202,8 @@ def tokens_for_split_power(
     -`excess` in the others (a departure whose mean over all tokens can be 0, so Z cannot see it) at combined
     p < `alpha` with probability `power`: sum_k Z_k^2 is then chi-square with N_STRATA degrees of freedom and
     noncentrality n excess^2 / var."""
+    from scipy import optimize, stats  # imported here: see the module's note on scipy
+
     if not np.isfinite(var_per_token) or var_per_token <= 0:
         return float("nan")
     critical = stats.chi2.isf(alpha / len(STATISTICS), N_STRATA)
@@ -207,6 +215,8 @@ def strata_test(d: np.ndarray, var: np.ndarray, ok: np.ndarray, label: np.ndarra
     """p of sum_k Z_k^2 against chi-square(K), Z_k the surprisal-excess Z of the tested positions of class k
     (`label`, broadcast to d's shape; -1 = no class): Z_k are close to independent N(0, 1) for an exact
     sampler, and an excess of opposite signs in two classes moves both away from 0."""
+    from scipy import stats  # imported here: see the module's note on scipy
+
     classes = [k for k in np.unique(label[ok]) if k >= 0 and var[ok & (label == k)].sum() > 0]
     if not classes:
         return float("nan")
@@ -228,6 +238,8 @@ def position_classes(grid: CodeGrid) -> np.ndarray:
 
 def _row_ks(u: np.ndarray, ok: np.ndarray, row: np.ndarray) -> float:
     """Per code row, a KS test of that row's U (pooled over images) against uniform; Bonferroni over rows."""
+    from scipy import stats  # imported here: see the module's note on scipy
+
     rows = [r for r in np.unique(row[row >= 0]) if ok[:, row == r].any()]
     ps = [stats.kstest(u[:, row == r][ok[:, row == r]], "uniform").pvalue for r in rows]
     return float(min(1.0, min(ps) * len(ps))) if ps else float("nan")
@@ -239,6 +251,8 @@ def exactness_statistics(terms: TokenTerms, uniforms: np.ndarray, grid: CodeGrid
     tf_p combines the p-values of STATISTICS by Bonferroni and is 0 when a committed token has
     probability 0 (impossible for an exact sampler); NaN when nothing was testable. A token at p = 0 that ties
     the top-k cutoff (TokenTerms.tie) is neither impossible nor tested: tf_cutoff_ties counts them."""
+    from scipy import stats  # imported here: see the module's note on scipy
+
     var = np.clip(terms.second - terms.entropy**2, 0.0, None)
     tie = terms.ties()
     # at a free position: outside top-k / top-p or the codes; at a forced one: off-grammar
