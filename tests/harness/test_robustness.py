@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,11 +35,18 @@ def samples_of(run_dir: Path) -> dict:
     return keyed
 
 
-@pytest.mark.slow
-def test_a_killed_run_resumes_to_the_same_samples(tmp_path):
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    subprocess.run(command(whole), check=True, capture_output=True, cwd=ROOT)
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> Path:
+    """A finished run of FAST: what a killed run must resume to, and a run directory another config must not
+    write into."""
+    run_dir = tmp_path_factory.mktemp("whole") / "run"
+    subprocess.run(command(run_dir), check=True, capture_output=True, cwd=ROOT)
+    return run_dir
 
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_to_the_same_samples(whole, tmp_path):
+    killed = tmp_path / "killed"
     proc = subprocess.Popen(command(killed), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     samples = killed / "samples.jsonl"
     deadline = time.time() + 300
@@ -56,16 +64,15 @@ def test_a_killed_run_resumes_to_the_same_samples(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_dir_of_another_config_is_refused(tmp_path):
+def test_a_run_dir_of_another_config_is_refused(whole, tmp_path):
     run_dir = tmp_path / "run"
-    first = subprocess.run(command(run_dir, "prompts.n=1"), capture_output=True, text=True, cwd=ROOT)
-    assert first.returncode == 0, first.stderr[-2000:]
-    before = (run_dir / "samples.jsonl").read_text()
-    other = subprocess.run(command(run_dir, "prompts.n=1", "decoder.window=8"), capture_output=True, text=True,
-                           cwd=ROOT)  # fmt: skip
+    shutil.copytree(whole, run_dir)  # the finished run, moved: a run directory is found by its contents
+    kept = ("samples.jsonl", "summary.csv", "meta.json")
+    before = [(run_dir / name).read_bytes() for name in kept]
+    other = subprocess.run(command(run_dir, "decoder.window=8"), capture_output=True, text=True, cwd=ROOT)
     assert other.returncode != 0
     assert "different run config" in other.stderr and "hydra.run.dir" in other.stderr
-    assert (run_dir / "samples.jsonl").read_text() == before  # nothing mixed in
+    assert [(run_dir / name).read_bytes() for name in kept] == before  # nothing mixed in, nothing rewritten
 
 
 @pytest.mark.parametrize("decoder", [SJDDecoder(window=8), ARDecoder()], ids=["sjd", "ar"])
