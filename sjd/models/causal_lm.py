@@ -84,6 +84,7 @@ class RaggedRows:
     # -- compile=true ---------------------------------------------------------------------------------
     _compiled: torch.nn.Module | None = None  # the compiled window stack (compile_windows), None when eager
     _in_window = False  # set while a window (not the prefill) goes through the stack
+    _padded_widths: frozenset[int] = frozenset()  # compiled: the widths this decode call's windows were padded to
     prompt_rounding = PROMPT_ROUNDING  # compiled: the static cache's prompt region, a multiple of this
 
     def window_stack(self) -> torch.nn.Module:
@@ -92,12 +93,13 @@ class RaggedRows:
 
     def compile_windows(self, mode: str | None, backend: str | None = None) -> None:
         """Compile the window forward (torch.compile, `mode` as torch takes it) on the static cache, into one graph
-        (`fullgraph`: a graph break is an error, not a silent split). Window widths are padded up to a power of two
-        (`bucket`), so each width compiles once and nothing recompiles per iteration; the prefill stays eager (its
-        width is the prompt's). Under CUDA graphs (`reduce-overhead`), a replay writes its outputs into memory the
-        next replay overwrites, so the window's outputs are cloned as they leave the graph (`KeptOutputs`).
-        `backend`: torch.compile's backend (None: inductor, with `mode`; `eager` traces and checks the same graphs
-        without generating code, as the device check's tiny run does on the CPU)."""
+        (`fullgraph`: a graph break is an error, not a silent split). Window widths are padded up to a power of two,
+        or to a wider width the same decode call already forwards (`bucket`), so each width compiles once and
+        nothing recompiles per iteration; the prefill stays eager (its width is the prompt's). Under CUDA graphs
+        (`reduce-overhead`), a replay writes its outputs into memory the next replay overwrites, so the window's
+        outputs are cloned as they leave the graph (`KeptOutputs`). `backend`: torch.compile's backend (None:
+        inductor, with `mode`; `eager` traces and checks the same graphs without generating code, as the device
+        check's tiny run does on the CPU)."""
         self.use_cache("static")
         # One graph per (batch rows, bucket) pair: more than dynamo's default of 8 recompiles of one frame, after
         # which it would quietly run the rest eagerly.
@@ -127,8 +129,20 @@ class RaggedRows:
         return self._compiled if self._compiled is not None and self._in_window else self.window_stack()
 
     def bucket(self, width: int) -> int:
-        """The width a window is padded to: itself when eager, else the next power of two."""
-        return width if self._compiled is None else 1 << max(width - 1, 0).bit_length()
+        """The width a window is padded to: itself when eager. Compiled: the narrowest width this decode call has
+        already padded to that holds it, else the next power of two. So the narrower windows at the end of an
+        image (the last tokens of a Jacobi window, a shrinking tree) reuse the call's own widest graph instead of
+        compiling one graph per power of two below it, and no window is padded wider than one the same call
+        already forwards (AR's one-token steps stay one token wide). Each call starts afresh (`new_cache`): a
+        decoder's windows never pad to another decoder's widths."""
+        if self._compiled is None:
+            return width
+        held = [w for w in self._padded_widths if w >= width]
+        if held:
+            return min(held)
+        padded = 1 << max(width - 1, 0).bit_length()
+        self._padded_widths = self._padded_widths | {padded}
+        return padded
 
     @staticmethod
     def _crop(logits: Logits, width: int) -> Logits:
@@ -142,6 +156,7 @@ class RaggedRows:
         return out
 
     def new_cache(self, config, prompt_lengths: Sequence[int], uncond_copies: int) -> RaggedCache | StaticRowCache:
+        self._padded_widths = frozenset()  # a new decode call: its windows pad only to widths it forwards (`bucket`)
         if self.cache_kind == "static":
             # compiled: the prompt region rounded up, so that a prompt of another length compiles no new graph
             step = self.prompt_rounding

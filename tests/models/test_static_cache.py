@@ -112,3 +112,18 @@ def test_compiling_windows_moves_to_the_static_cache_and_lifts_dynamos_recompile
             adapter.uncompile()
         assert adapter.bucket(3) == 3  # eager: no padding
     assert torch._dynamo.config.recompile_limit == found
+
+
+def test_a_compiled_window_pads_to_the_narrowest_width_its_own_decode_call_already_forwards():
+    """The narrower windows at the end of an image reuse the call's widest graph instead of compiling one per
+    power of two below it; AR's one-token steps stay one token wide; and the next call (a new cache, from its
+    prefill) starts afresh, so one decoder's windows never pad to the widths another decoder forwarded."""
+    adapter, _ = build_model("micro")
+    adapter.compile_windows(None)  # lazy: nothing compiles here
+    try:
+        adapter.prefill([Prompt("p0", "a")], with_uncond=True)
+        assert [adapter.bucket(w) for w in (1, 16, 3, 1, 9, 16, 17, 20)] == [1, 16, 16, 1, 16, 16, 32, 32]
+        adapter.prefill([Prompt("p0", "a")], with_uncond=True)  # the next decode call
+        assert [adapter.bucket(w) for w in (1, 3, 2, 5)] == [1, 4, 4, 8]  # not 16: that width was the last call's
+    finally:
+        adapter.uncompile()
