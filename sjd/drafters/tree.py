@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sjd.core.sampling import row_uniforms
 from sjd.core.tree_verify import ancestors
 from sjd.core.verify import without_replacement_q
 from sjd.drafters.drafter import DrafterRun
@@ -156,14 +157,17 @@ def draw_chain(run: DrafterRun, root_pos: torch.Tensor, length: int, generators)
         # draft i (i >= 1) goes to scratch slot i - 1 and sees the slots of the drafts up to it: row i - 1 of `sees`
         sees = torch.ones(run.scratch, run.scratch, dtype=torch.bool, device=device).tril()[:, None, None]
         slots = torch.arange(run.scratch, device=device)[:, None]
+    # Each row's uniforms for the whole chain in one draw: nothing else draws from its generator between the chain's
+    # positions, and on the CPU one draw of `length` vectors is the same stream as `length` draws of one
+    # (tests/drafters/test_chain.py), so a chain costs one call a row, not one a row and a position.
+    uniforms = row_uniforms(generators, device, (length, 1, V))  # [B, length, 1, V]
     drawn = None
     for i in range(length):
         if i:  # the drafter on the draft before
             hidden = run.expand(root, hidden, drawn, i, alive[:, None], slots[i - 1], sees[i - 1])
         position = (root_pos + i + 1)[:, None]
         q = run.q(hidden, position)  # [B, 1, V]
-        uniforms = torch.stack([torch.rand(q.shape[1:], generator=g, device=device) for g in generators])
-        ids, score = candidates(q, 1, "sampled", uniforms)
+        ids, score = candidates(q, 1, "sampled", uniforms[:, i])
         inside = (position >= 0) & (position < run.layout.n_tokens)
         alive = alive & inside[:, 0] & (score[:, 0, 0] > float("-inf"))
         drawn = ids[:, :, 0]

@@ -20,7 +20,7 @@ from sjd.core.tree_verify import ancestors, sample_and_descend, walk_tree
 from sjd.core.verify import recursive_rejection, without_replacement_q
 from sjd.drafters.checkpoint import load_drafter
 from sjd.drafters.drafter import DrafterRun
-from sjd.drafters.tree import STATIC_SHAPES, candidates, child_q, grow
+from sjd.drafters.tree import STATIC_SHAPES, candidates, child_q, draw_chain, grow
 from sjd.harness.prompts import load_prompt_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -429,3 +429,42 @@ def test_draws_without_replacement_all_at_once_are_the_draw_by_draw_ones():
         q = random_targets((B,), V, B)
         drawn = torch.randint(0, V, (B, K), generator=g)
         assert torch.equal(without_replacement_q(q, drawn), reference_without_replacement_q(q, drawn))
+
+
+def reference_chain(run, root_pos, length, generators):
+    """draw_chain with each row's uniforms drawn position by position, as a one-path tree draws them."""
+    B, V = len(root_pos), run.layout.vocab_size
+    drafts, q_all = torch.zeros(B, length, dtype=torch.long), torch.zeros(B, length, V)
+    hidden, alive, drawn = run.h_last[:, None], torch.ones(B, dtype=torch.bool), None
+    root = run.tree_root(root_pos)
+    sees = torch.ones(run.scratch, run.scratch, dtype=torch.bool).tril()[:, None, None]
+    slots = torch.arange(run.scratch)[:, None]
+    for i in range(length):
+        if i:
+            hidden = run.expand(root, hidden, drawn, i, alive[:, None], slots[i - 1], sees[i - 1])
+        position = (root_pos + i + 1)[:, None]
+        q = run.q(hidden, position)
+        uniforms = torch.stack([torch.rand(q.shape[1:], generator=g) for g in generators])
+        ids, score = candidates(q, 1, "sampled", uniforms)
+        alive = alive & ((position >= 0) & (position < run.layout.n_tokens))[:, 0] & (score[:, 0, 0] > float("-inf"))
+        drawn = ids[:, :, 0]
+        drafts[:, i] = torch.where(alive, drawn[:, 0], 0)
+        q_all[:, i] = q[:, 0] * alive[:, None]
+    return drafts, q_all
+
+
+@pytest.mark.parametrize("f", FILTERS)
+def test_a_chain_drawing_each_rows_uniforms_at_once_is_the_position_by_position_chain(toy, f):
+    """draw_chain takes a row's uniforms for the whole chain in one call: the same drafts and q as drawing them a
+    position at a time (past the image's end and without mass under a top-k filter too), and each generator left
+    where the position-by-position draws leave it."""
+    length, root_pos = 5, torch.tensor([3, 90, toy.layout.n_tokens - 3])
+    out = []
+    with torch.no_grad():
+        for chain in (reference_chain, draw_chain):
+            run = start_run(toy, toy_sampling(**FILTERS[f]), length - 1)
+            gens = make_generators(7, ["a", "b", "c"], torch.device("cpu"))
+            out.append((*chain(run, root_pos, length, gens), torch.stack([torch.rand(3, generator=g) for g in gens])))
+    for ref, got in zip(*out):
+        assert torch.equal(got, ref)
+    assert (out[1][0][2, 2:] == 0).all() and (out[1][0][:2] != 0).any()  # a row past the image's end; live rows
