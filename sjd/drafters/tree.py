@@ -159,7 +159,7 @@ def draw_chain(run: DrafterRun, root_pos: torch.Tensor, length: int, generators)
         slots = torch.arange(run.scratch, device=device)[:, None]
     # Each row's uniforms for the whole chain in one draw: nothing else draws from its generator between the chain's
     # positions, and on the CPU one draw of `length` vectors is the same stream as `length` draws of one
-    # (tests/drafters/test_chain.py), so a chain costs one call a row, not one a row and a position.
+    # (tests/drafters/test_batched_trees.py), so a chain costs one call a row, not one a row and a position.
     uniforms = row_uniforms(generators, device, (length, 1, V))  # [B, length, 1, V]
     drawn = None
     for i in range(length):
