@@ -184,12 +184,22 @@ class TreeGrowth:
         self.B, self.V, self.N = len(root_pos), run.layout.vocab_size, run.layout.n_tokens
         self.device = root_pos.device
         self.keep_q = True
+        self.uniforms, self.used = None, 0
+
+    def draw_all_uniforms(self, nodes: int) -> None:
+        """Sampled children: each row's uniforms for the `nodes` expansions of the whole tree in one draw. Every
+        level draws for every row whatever its nodes hold, nothing else draws from a row's generator while its tree
+        grows, and on the CPU one draw of `nodes` vectors is the same stream as a draw a level
+        (tests/drafters/test_batched_trees.py), so a tree costs one call a row, not one a row and a level."""
+        if self.children == "sampled":
+            self.uniforms, self.used = row_uniforms(self.generators, self.device, (nodes, self.V)), 0
 
     def draw(self, q: torch.Tensor, gen_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Candidates [B, F, k] for q [B, F, V] at generated `gen_pos` [B, F]; -inf past the image."""
         uniforms = None
         if self.children == "sampled":
-            uniforms = torch.stack([torch.rand(q.shape[1:], generator=g, device=self.device) for g in self.generators])
+            F = q.shape[1]
+            uniforms, self.used = self.uniforms[:, self.used : self.used + F], self.used + F
         ids, score = candidates(q, self.k, self.children, uniforms)
         inside = (gen_pos >= 0) & (gen_pos < self.N)
         return ids, torch.where(inside[..., None], score, float("-inf"))
@@ -205,6 +215,7 @@ class DynamicTree(TreeGrowth):
 
     def build(self) -> DraftTree:
         run, B, K, D, device = self.run, self.B, self.k, self.depth, self.device
+        self.draw_all_uniforms(1 + D * K)  # the root, then K front nodes in each of D rounds
         root = run.tree_root(self.root_pos)
         first_pos = self.root_pos + 1
         q_root = run.q(run.h_last[:, None], first_pos[:, None])  # [B, 1, V]
@@ -390,6 +401,7 @@ class StaticTree(TreeGrowth):
     def build(self) -> DraftTree:
         run, B, device = self.run, self.B, self.device
         plan = static_plan(self.shape, self.k, device)
+        self.draw_all_uniforms(sum(len(at.nodes) for at in plan.levels))
         n = len(plan.parent)
         root = run.tree_root(self.root_pos)
         tokens = torch.zeros(B, n, dtype=torch.long, device=device)

@@ -296,7 +296,8 @@ def scratch_of(shape: str, depth: int, top_k: int) -> int:
 @pytest.fixture(scope="module")
 def grown(toy):
     """(reference tree, batched tree) per shape and filter, the batched one grown after the reference on the same
-    drafter state, each with fresh generators of seed 7."""
+    drafter state, each with fresh generators of seed 7; and under (shape, filter, "left") the next draws of both
+    sets of generators after the growth."""
     N = toy.layout.n_tokens
     root_pos = torch.tensor([3, 90, N - 3])  # the last row's nodes from depth 3 on lie past the image
     out = {}
@@ -305,14 +306,13 @@ def grown(toy):
             for f, change in FILTERS.items():
                 run = start_run(toy, toy_sampling(**change), scratch_of(shape, depth, top_k))
 
-                def gens():
-                    return make_generators(7, ["a", "b", "c"], torch.device("cpu"))
-
+                ref_gens, gens = (make_generators(7, ["a", "b", "c"], torch.device("cpu")) for _ in range(2))
                 if shape == "dynamic":
-                    ref = ReferenceDynamic(run, root_pos, depth, top_k, total, children, gens()).build()
+                    ref = ReferenceDynamic(run, root_pos, depth, top_k, total, children, ref_gens).build()
                 else:
-                    ref = ReferenceStatic(run, root_pos, shape, top_k, children, gens()).build()
-                out[name, f] = ref, grow(run, root_pos, shape, depth, top_k, total, children, gens())
+                    ref = ReferenceStatic(run, root_pos, shape, top_k, children, ref_gens).build()
+                out[name, f] = ref, grow(run, root_pos, shape, depth, top_k, total, children, gens)
+                out[name, f, "left"] = [torch.stack([torch.rand(3, generator=g) for g in x]) for x in (ref_gens, gens)]
     return out
 
 
@@ -322,6 +322,8 @@ def test_a_tree_grown_level_by_level_in_batched_steps_is_the_node_by_node_one(gr
     ref, tree = grown[name, f]
     for field in ("tokens", "parent", "depth", "present", "children", "mask", "node_q"):
         assert torch.equal(getattr(tree, field), ref[field]), field
+    # a sampled tree draws each row's uniforms at once: its generators are left where the level-by-level draws are
+    assert torch.equal(*grown[name, f, "left"])
     assert (~tree.present).any() and (tree.present.sum(1) > 1).all()  # absent nodes, and a tree in every row
 
 
