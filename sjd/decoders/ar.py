@@ -37,6 +37,10 @@ class ARDecoder(Decoder):
         entropy = torch.zeros(B, dtype=torch.float64, device=device)  # summed over code positions
         free = (layout.forced < 0).tolist()
         tokens[:, 0] = clock.start(prompts, sampling, generators)  # prefill and position 0, as every decoder's
+        # Each row's uniforms for all its steps in one draw: nothing else draws from a row's generator while AR steps,
+        # and on the CPU one draw of n is the same stream as n draws of one (tests/decoders/test_ar_baseline.py), so
+        # a step calls no generator (what a graphed step needs). [N - 1, B]: a step reads a contiguous row.
+        uniforms = row_uniforms(generators, device, (layout.n_tokens - 1,)).T.contiguous()
         clock.defer_finite_check = True  # AR reads nothing a step: every forward's NaN/inf flag is read at the end
         measure_s = self.measure(entropy, clock.first_p, free[0], clock)
         for pos in range(1, layout.n_tokens):
@@ -45,7 +49,7 @@ class ARDecoder(Decoder):
             probs = self.kernels.pipeline(logits, positions, layout, sampling)  # [B, 1, V]
             clock.lap("pipeline")
             measure_s += self.measure(entropy, probs[:, 0], free[pos], clock)
-            tokens[:, pos] = self.kernels.sample_from(probs[:, 0], row_uniforms(generators, device))
+            tokens[:, pos] = self.kernels.sample_from(probs[:, 0], uniforms[pos - 1])
             clock.lap("verify")
         result = clock.finish(tokens, [clock.calls] * B, [[1] * layout.n_tokens for _ in range(B)], measure_s)
         result.extras["window_inputs"] = [clock.calls - 1] * B  # one input a forward
